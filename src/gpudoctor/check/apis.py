@@ -1,0 +1,133 @@
+"""The library APIs the rules reason about, as data (qualified names after alias resolution).
+
+Keeping these lists here, not inside rules, means a renamed or re-exported API is one edit.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Re-exports and deep paths -> the canonical public name used in the tables below.
+CANONICAL = {
+    "torch.nn.parallel.DataParallel": "torch.nn.DataParallel",
+    "torch.nn.parallel.data_parallel.DataParallel": "torch.nn.DataParallel",
+    "torch.nn.DistributedDataParallel": "torch.nn.parallel.DistributedDataParallel",
+    "torch.nn.parallel.distributed.DistributedDataParallel": "torch.nn.parallel.DistributedDataParallel",
+    "torch.nn.utils.clip_grad.clip_grad_norm_": "torch.nn.utils.clip_grad_norm_",
+    "torch.nn.utils.clip_grad.clip_grad_value_": "torch.nn.utils.clip_grad_value_",
+    "torch.nn.utils.clip_grad_norm": "torch.nn.utils.clip_grad_norm_",
+    "torch.utils.data.dataloader.DataLoader": "torch.utils.data.DataLoader",
+    "torch.cuda.amp.GradScaler": "torch.amp.GradScaler",
+    "torch.cuda.amp.grad_scaler.GradScaler": "torch.amp.GradScaler",
+    "torch.amp.grad_scaler.GradScaler": "torch.amp.GradScaler",
+    "torch.autograd.no_grad": "torch.no_grad",
+    "torch.autograd.grad_mode.no_grad": "torch.no_grad",
+    "torch.autograd.grad_mode.inference_mode": "torch.inference_mode",
+    "accelerate.big_modeling.load_checkpoint_and_dispatch": "accelerate.load_checkpoint_and_dispatch",
+    "accelerate.big_modeling.dispatch_model": "accelerate.dispatch_model",
+    "accelerate.big_modeling.init_empty_weights": "accelerate.init_empty_weights",
+    "accelerate.utils.infer_auto_device_map": "accelerate.infer_auto_device_map",
+    "accelerate.utils.modeling.infer_auto_device_map": "accelerate.infer_auto_device_map",
+    "accelerate.accelerator.Accelerator": "accelerate.Accelerator",
+    "accelerate.state.PartialState": "accelerate.PartialState",
+    "peft.mapping.get_peft_model": "peft.get_peft_model",
+    "peft.mapping_func.get_peft_model": "peft.get_peft_model",
+    "peft.utils.other.prepare_model_for_kbit_training": "peft.prepare_model_for_kbit_training",
+    "transformers.data.data_collator.DataCollatorForLanguageModeling": "transformers.DataCollatorForLanguageModeling",
+}
+
+ACCELERATOR = {"accelerate.Accelerator"}
+DISPATCH = {"accelerate.load_checkpoint_and_dispatch", "accelerate.dispatch_model"}
+INIT_EMPTY = {"accelerate.init_empty_weights"}
+INFER_DEVICE_MAP = {"accelerate.infer_auto_device_map"}
+GET_PEFT_MODEL = {"peft.get_peft_model"}
+PEFT_LOADERS = {"peft.PeftModel.from_pretrained", "peft.PeftModelForCausalLM.from_pretrained"}
+PASSTHROUGH = {"peft.prepare_model_for_kbit_training"}
+DATA_PARALLEL = {"torch.nn.DataParallel"}
+DISTRIBUTED_DATA_PARALLEL = {"torch.nn.parallel.DistributedDataParallel"}
+TORCH_CLIP = {"torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_"}
+DATALOADER = {"torch.utils.data.DataLoader"}
+GRAD_SCALER = {"torch.amp.GradScaler"}
+NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
+LM_COLLATOR = {"transformers.DataCollatorForLanguageModeling"}
+BNB_CONFIG = "transformers.BitsAndBytesConfig"
+
+TRAINERS = {
+    "transformers.Trainer",
+    "transformers.Seq2SeqTrainer",
+    "trl.SFTTrainer",
+    "trl.DPOTrainer",
+    "trl.ORPOTrainer",
+    "trl.KTOTrainer",
+    "trl.RewardTrainer",
+    "trl.GRPOTrainer",
+}
+TRAINING_ARGS = {
+    "transformers.TrainingArguments",
+    "transformers.Seq2SeqTrainingArguments",
+    "trl.SFTConfig",
+    "trl.DPOConfig",
+    "trl.GRPOConfig",
+}
+
+# Methods of nn.Module that move or cast the module in place (and return it).
+MODULE_MOVES = {"to", "cuda", "xpu", "npu", "mps"}
+MODULE_CASTS = {"half", "float", "bfloat16", "double"}
+CAST_DTYPE = {"half": "float16", "float": "float32", "bfloat16": "bfloat16", "double": "float64"}
+
+AUTO_STRATEGIES = {"auto", "balanced", "balanced_low_0", "sequential"}
+
+_NON_MODEL_SUFFIXES = ("Config", "Tokenizer", "TokenizerFast", "Processor", "FeatureExtractor", "ImageProcessor")
+_MODEL_CLASS = re.compile(r"^(AutoModel\w*|\w+For\w+|\w+Model|\w+LMHeadModel)$")
+
+
+def canonical(qualname: str) -> str:
+    if qualname in CANONICAL:
+        return CANONICAL[qualname]
+    parts = qualname.split(".")
+    if parts[0] in ("transformers", "trl", "peft") and len(parts) > 2:
+        # transformers.models.llama.modeling_llama.LlamaForCausalLM.from_pretrained
+        #   -> transformers.LlamaForCausalLM.from_pretrained
+        for i, part in enumerate(parts[1:], start=1):
+            if part[:1].isupper():
+                return ".".join([parts[0], *parts[i:]])
+    return qualname
+
+
+def is_optimizer(qualname: str) -> bool:
+    parts = qualname.split(".")
+    if qualname.startswith("torch.optim.") and "lr_scheduler" not in parts:
+        return parts[-1][:1].isupper() and parts[-1] != "Optimizer"
+    return qualname.startswith("bitsandbytes.optim.") or qualname in {"transformers.Adafactor"}
+
+
+def is_scheduler(qualname: str) -> bool:
+    return qualname.startswith("torch.optim.lr_scheduler.") or qualname in {
+        "transformers.get_scheduler",
+        "transformers.get_linear_schedule_with_warmup",
+        "transformers.get_cosine_schedule_with_warmup",
+    }
+
+
+def hf_class_method(qualname: str) -> tuple[str, str] | None:
+    """``transformers.AutoModelForCausalLM.from_pretrained`` -> ("AutoModelForCausalLM", "from_pretrained")."""
+    parts = qualname.split(".")
+    if len(parts) == 3 and parts[0] in ("transformers", "peft"):
+        return parts[1], parts[2]
+    return None
+
+
+def is_model_class(name: str) -> bool:
+    return bool(_MODEL_CLASS.match(name)) and not name.endswith(_NON_MODEL_SUFFIXES)
+
+
+def is_config_class(name: str) -> bool:
+    return name.endswith("Config") and name != "BitsAndBytesConfig"
+
+
+def is_causal_lm_class(name: str) -> bool:
+    return name.endswith("ForCausalLM") or name in {"AutoModelForCausalLM", "AutoPeftModelForCausalLM"}
+
+
+def is_seq2seq_class(name: str) -> bool:
+    return "Seq2Seq" in name or name.endswith("ForConditionalGeneration")

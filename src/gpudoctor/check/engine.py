@@ -1,0 +1,270 @@
+"""paths -> discover -> prefilter -> parse once -> facts -> every rule -> positioned findings."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import sys
+import tokenize
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from gpudoctor.check.config import Config
+from gpudoctor.check.finding import Finding, Severity
+from gpudoctor.check.registry import select_rules
+from gpudoctor.check.rule import Rule
+
+# Folders never worth descending into.
+SKIP_DIRS = {
+    ".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".tox", ".nox",
+    ".venv", "venv", "env", ".env", "site-packages", "node_modules", "build", "dist", ".eggs",
+    ".ipynb_checkpoints", ".gpudoctor_cache",
+}
+PYTHON_SUFFIXES = (".py", ".pyi", ".ipynb")
+
+# A file is only parsed when it imports one of these (or, for notebooks, mentions them).
+_RELEVANT = re.compile(
+    rb"^[ \t]*(?:from|import)[ \t]+(?:torch|accelerate|transformers|peft|trl|bitsandbytes|deepspeed)\b",
+    re.MULTILINE,
+)
+
+sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
+
+
+@dataclass
+class FileResult:
+    path: str
+    findings: list[Finding] = field(default_factory=list)
+    error: Optional[str] = None  # "path:line:col: message" for files we could not read or parse
+    skipped: bool = False  # prefiltered: mentions none of the relevant libraries
+
+
+@dataclass
+class CheckResult:
+    files: list[FileResult]
+
+    @property
+    def findings(self) -> list[Finding]:
+        out = [f for r in self.files for f in r.findings]
+        out.sort(key=Finding.sort_key)
+        return out
+
+    @property
+    def errors(self) -> list[str]:
+        return [r.error for r in self.files if r.error]
+
+
+# --------------------------------------------------------------------------------------------
+# discovery
+
+
+def discover(paths: Sequence[str], config: Config) -> tuple[list[Path], list[str]]:
+    """Expand files and folders; return (files, errors for paths that do not exist)."""
+    files: list[Path] = []
+    errors: list[str] = []
+    seen: set[Path] = set()
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            errors.append(f"{raw}: no such file or directory")
+            continue
+        if path.is_file():
+            # Explicitly named files are checked even when they match an exclude, like ruff's
+            # --force-exclude default off; pre-commit passes files one by one.
+            if config.is_excluded(path) and config.force_exclude:
+                continue
+            if path not in seen:
+                seen.add(path)
+                files.append(path)
+            continue
+        for root, dirs, names in os.walk(path):
+            root_path = Path(root)
+            dirs[:] = sorted(
+                d for d in dirs
+                if d not in SKIP_DIRS and not d.endswith(".egg-info") and not config.is_excluded(root_path / d)
+                and not (root_path / d / "pyvenv.cfg").exists()
+            )
+            for name in sorted(names):
+                if not name.endswith(PYTHON_SUFFIXES):
+                    continue
+                candidate = root_path / name
+                if config.is_excluded(candidate) or candidate in seen:
+                    continue
+                seen.add(candidate)
+                files.append(candidate)
+    return files, errors
+
+
+# --------------------------------------------------------------------------------------------
+# reading
+
+
+def decode_source(data: bytes) -> str:
+    """Decode like Python does: BOM, PEP 263 coding cookie, else UTF-8."""
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    text = data.decode(encoding)
+    return text[1:] if text.startswith("\ufeff") else text
+
+
+def is_relevant(data: bytes) -> bool:
+    return _RELEVANT.search(data) is not None
+
+
+# --------------------------------------------------------------------------------------------
+# checking one source
+
+
+_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.IGNORECASE)
+_IGNORE = re.compile(r"#\s*gpudoctor:\s*ignore(?:\[(?P<codes>[^\]]*)\])?", re.IGNORECASE)
+
+
+def suppressed_codes(line: str) -> Optional[set[str]]:
+    """Codes suppressed on ``line``; an empty set means all; None means nothing is suppressed."""
+    if "#" not in line:
+        return None
+    codes: Optional[set[str]] = None
+    for pattern in (_NOQA, _IGNORE):
+        match = pattern.search(line)
+        if match:
+            listed = match.group("codes")
+            if not listed:
+                return set()
+            codes = (codes or set()) | {c.upper() for c in re.split(r"[\s,]+", listed.strip()) if c}
+    return codes
+
+
+def is_suppressed(finding: Finding, lines: Sequence[str]) -> bool:
+    for number in {finding.line, finding.end_line}:
+        if 1 <= number <= len(lines):
+            codes = suppressed_codes(lines[number - 1])
+            if codes is not None and (not codes or finding.code in codes):
+                return True
+    return False
+
+
+def check_source(
+    source: str,
+    path: str = "<string>",
+    rules: Optional[Iterable[type[Rule]]] = None,
+    module: Optional[cst.Module] = None,
+    with_suppressed: bool = False,
+) -> list[Finding]:
+    """Run ``rules`` (default: every stable rule) over one source text. Raises cst.ParserSyntaxError."""
+    from gpudoctor.check.facts import collect
+
+    rule_classes = list(rules) if rules is not None else select_rules()
+    active = [r for r in rule_classes if not r.triggers or any(t in source for t in r.triggers)]
+    if not active:
+        return []
+    if module is None:
+        module = cst.parse_module(source)
+    facts = collect(module, source, path)
+    reports = []
+    for rule_class in active:
+        rule = rule_class()
+        for report in rule.check(facts):
+            reports.append((rule_class, report))
+    if not reports:
+        return []
+    # Positions are only computed for files that have something to say (PositionProvider re-renders
+    # the whole module, which is the expensive part of libcst).
+    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    lines = source.splitlines()
+    findings: list[Finding] = []
+    seen = set()
+    for rule_class, report in reports:
+        span = positions.get(report.node)
+        if span is None:
+            continue
+        key = (rule_class.code, span.start.line, span.start.column)
+        if key in seen:
+            continue
+        seen.add(key)
+        finding = Finding(
+            code=rule_class.code,
+            name=rule_class.name,
+            severity=report.severity or rule_class.severity,
+            message=report.message,
+            path=path,
+            line=span.start.line,
+            column=span.start.column + 1,
+            end_line=span.end.line,
+            end_column=span.end.column + 1,
+            fix_hint=report.fix_hint,
+            fix=report.fix,
+            source_line=lines[span.start.line - 1] if span.start.line <= len(lines) else "",
+            node=report.node,
+        )
+        if not with_suppressed and is_suppressed(finding, lines):
+            continue
+        findings.append(finding)
+    findings.sort(key=Finding.sort_key)
+    return findings
+
+
+def syntax_error_message(path: str, error: cst.ParserSyntaxError) -> str:
+    message = str(error).strip().splitlines()[0] if str(error).strip() else "invalid syntax"
+    return f"{path}:{error.raw_line}:{error.raw_column + 1}: syntax error: {message}"
+
+
+def check_file(path: Path, config: Config, rules: Sequence[type[Rule]], display: Optional[str] = None) -> FileResult:
+    shown = display or str(path)
+    if path.suffix == ".ipynb":
+        from gpudoctor.check.notebook import check_notebook
+
+        return check_notebook(path, config, rules, shown)
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        return FileResult(shown, error=f"{shown}: cannot read: {error.strerror or error}")
+    if not is_relevant(data):
+        return FileResult(shown, skipped=True)
+    try:
+        source = decode_source(data)
+    except (UnicodeDecodeError, SyntaxError, LookupError) as error:
+        return FileResult(shown, error=f"{shown}: cannot decode: {error}")
+    file_rules = config.rules_for(path, rules)
+    try:
+        findings = check_source(source, shown, file_rules)
+    except cst.ParserSyntaxError as error:
+        return FileResult(shown, error=syntax_error_message(shown, error))
+    except RecursionError:
+        return FileResult(shown, error=f"{shown}: too deeply nested to analyse")
+    return FileResult(shown, findings=findings)
+
+
+def check_paths(paths: Sequence[str], config: Optional[Config] = None, jobs: int = 1, use_cache: bool = False) -> CheckResult:
+    config = config or Config()
+    files, errors = discover(paths, config)
+    rules = config.selected_rules()
+    results = [FileResult(e.split(":")[0], error=e) for e in errors]
+    if jobs > 1 and len(files) > 8:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            results.extend(pool.map(_check_one, [(p, config) for p in files], chunksize=8))
+    else:
+        results.extend(check_file(p, config, rules) for p in files)
+    return CheckResult(results)
+
+
+def _check_one(args: tuple[Path, Config]) -> FileResult:
+    path, config = args
+    result = check_file(path, config, config.selected_rules())
+    for finding in result.findings:
+        finding.node = None  # libcst nodes do not need to cross the process boundary
+        if finding.fix is not None:
+            finding.fix = None if not config.keep_fixes else finding.fix
+    return result
+
+
+def count_by_severity(findings: Iterable[Finding]) -> dict[Severity, int]:
+    counts = {s: 0 for s in Severity}
+    for finding in findings:
+        counts[finding.severity] += 1
+    return counts

@@ -1,0 +1,95 @@
+"""The one plain data type every rule produces and every reporter consumes."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Optional
+
+import libcst as cst
+
+
+class Severity(str, enum.Enum):
+    """How sure we are that the code fails.
+
+    ``error``: fails (raises, or silently trains wrong) with the versions in use.
+    ``warning``: fails in a configuration the file cannot fully show (hardware, launcher, config file).
+    ``info``: allowed as written, but fragile; shown, never fails the exit code.
+    """
+
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+    @property
+    def fails(self) -> bool:
+        return self is not Severity.INFO
+
+
+class Applicability(str, enum.Enum):
+    SAFE = "safe"
+    UNSAFE = "unsafe"
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace ``node`` (identity) with ``replacement``; ``None`` removes it."""
+
+    node: cst.CSTNode
+    replacement: Optional[cst.CSTNode]
+
+
+@dataclass(frozen=True)
+class Fix:
+    description: str
+    applicability: Applicability
+    edits: tuple[Edit, ...]
+    # Imports the fixed code needs, as (module, name) pairs: ("transformers", "BitsAndBytesConfig").
+    imports: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass
+class Finding:
+    code: str
+    name: str
+    severity: Severity
+    message: str
+    path: str
+    line: int = 0
+    column: int = 0
+    end_line: int = 0
+    end_column: int = 0
+    fix_hint: str = ""
+    fix: Optional[Fix] = None
+    # Notebook findings point to a cell; line/column are then relative to that cell.
+    cell: Optional[int] = None
+    source_line: str = ""
+    node: Optional[cst.CSTNode] = field(default=None, repr=False, compare=False)
+
+    def sort_key(self) -> tuple:
+        return (self.path, self.cell or 0, self.line, self.column, self.code)
+
+    def to_dict(self) -> dict:
+        """The stable JSON shape (documented in docs/json-schema.md)."""
+        return {
+            "path": self.path,
+            "cell": self.cell,
+            "line": self.line,
+            "column": self.column,
+            "end_line": self.end_line,
+            "end_column": self.end_column,
+            "code": self.code,
+            "name": self.name,
+            "severity": self.severity.value,
+            "message": self.message,
+            "fix": (
+                {
+                    "description": self.fix.description,
+                    "applicability": self.fix.applicability.value,
+                }
+                if self.fix
+                else None
+            ),
+            "fix_hint": self.fix_hint,
+            "source_line": self.source_line,
+        }

@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+from typing import Iterator
+
+import libcst as cst
+
+from gpudoctor.check.facts import TRAIT_PREPARED, Binding, CallSite, FileFacts, name_key, unwrap_iterable
+from gpudoctor.check.queries import multi_process_severity, snippet
+from gpudoctor.check.rule import Rule
+
+_EFFECTS = {
+    "dataloader": (
+        "the raw loader does not move batches to the device (on a GPU: \"Expected all tensors to be on the same "
+        "device\"), does not shard data between processes, and never signals the end of an epoch, so the last "
+        "accumulated gradients leak into the next one"
+    ),
+    "optimizer": (
+        "the raw optimizer steps and zeroes on every micro-batch (gradient accumulation is lost) and, with fp16, "
+        "applies updates computed from scaled gradients (65536x too large at the start)"
+    ),
+}
+
+
+class UnpreparedObjectUsed(Rule):
+    """After ``a2 = accelerator.prepare(a)`` the loop still uses ``a`` (or never uses what prepare
+    returned while it iterates/steps another loader/optimizer): accumulation, sharding, device
+    placement and fp16 unscaling are silently lost."""
+
+    code = "GD103"
+    name = "unprepared-object-used"
+    summary = "The training loop uses a dataloader/optimizer/model that accelerator.prepare did not return"
+    triggers = ("prepare",)
+
+    def check(self, facts: FileFacts):
+        for site in facts.prepare_calls():
+            outputs = [b for b in facts._bindings_of_value(site.node) if b.kind in ("unpack", "assign")]
+            for binding in outputs:
+                index = binding.index if binding.kind == "unpack" else 0
+                if binding.kind == "assign" and len(site.node.args) != 1:
+                    continue
+                if index is None or index >= len(site.node.args):
+                    continue
+                source = site.node.args[index].value
+                kind = facts.value(source, site.order, site.scope).kind
+                yield from self._stale_uses(facts, site, binding, source, kind)
+
+    def _stale_uses(self, facts: FileFacts, site: CallSite, out: Binding, source: cst.BaseExpression, kind: str) -> Iterator:
+        prepared = out.key
+        raw = name_key(source)
+        prepared_used = bool(facts.loads_of(prepared, after=out.order))
+        where = snippet(facts, site.node.func)
+        for use_node, receiver, stale, stale_kind in self._training_uses(facts, out.order, kind):
+            if stale == prepared:
+                continue
+            if stale == raw and raw != prepared:
+                reason = f"`{raw}` was replaced by `{where}(...)`, which returned `{prepared}`"
+            elif not prepared_used and stale_kind == kind and not facts.value(receiver).has(TRAIT_PREPARED):
+                reason = f"`{where}(...)` returned `{prepared}`, which is never used afterwards"
+            else:
+                continue
+            effect = _EFFECTS.get(stale_kind, "")
+            yield self.report(
+                use_node,
+                f"The loop uses `{stale}`, not the prepared object: {reason}; {effect}.",
+                fix_hint=f"Use `{prepared}` (what prepare returned) here.",
+            )
+        if kind == "model" and raw and raw != prepared:
+            severity, why = multi_process_severity(facts)
+            if severity.fails:
+                for call in facts.calls:
+                    if call.order > out.order and name_key(call.node.func) == raw:
+                        yield self.report(
+                            call.node,
+                            f"`{raw}(...)` calls the unwrapped model after prepare returned `{prepared}`; {why}, so "
+                            "gradients are not all-reduced and the replicas drift apart.",
+                            fix_hint=f"Call `{prepared}(...)`.",
+                        )
+
+    def _training_uses(self, facts: FileFacts, after: int, kind: str):
+        """(node to report, stale key, inferred kind) for loader iterations and optimizer steps."""
+        if kind in ("dataloader", "unknown"):
+            for loop in facts.loops:
+                if loop.order <= after or loop.iter is None:
+                    continue
+                key = name_key(unwrap_iterable(loop.iter))
+                if key and self._loop_trains(facts, loop):
+                    iterated = unwrap_iterable(loop.iter)
+                    yield iterated, iterated, key, "dataloader"
+        if kind in ("optimizer", "unknown"):
+            zeroed = {name_key(c.receiver) for c in facts.method_calls("zero_grad") if c.receiver is not None}
+            for call in facts.method_calls("step", "zero_grad"):
+                key = name_key(call.receiver) if call.receiver is not None else None
+                if call.order <= after or key is None:
+                    continue
+                value_kind = facts.value(call.receiver, call.order, call.scope).kind
+                if value_kind == "optimizer" or (value_kind == "unknown" and key in zeroed and call.method == "step"):
+                    yield call.node, call.receiver, key, "optimizer"
+
+    @staticmethod
+    def _loop_trains(facts: FileFacts, loop) -> bool:
+        return any(
+            c.method == "backward" and any(f is loop for f in c.context) for c in facts.calls
+        )

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from gpudoctor.check.facts import FileFacts
+from gpudoctor.check.finding import Applicability, Edit, Fix
+from gpudoctor.check.queries import accelerator_for, snippet
+from gpudoctor.check.rule import Rule
+
+
+class LossBackwardWithAccelerator(Rule):
+    """``loss.backward()`` where an Accelerator drives training: the loss is neither scaled (fp16),
+    nor divided for gradient accumulation, nor routed through DeepSpeed."""
+
+    code = "GD104"
+    name = "loss-backward-with-accelerator"
+    summary = "loss.backward() instead of accelerator.backward(loss) in an Accelerator training loop"
+    fixable = "safe"
+    triggers = ("backward",)
+
+    def check(self, facts: FileFacts):
+        if not facts.prepare_calls():
+            return
+        for site in facts.method_calls("backward"):
+            if site.qualname is not None or site.receiver is None:
+                continue  # torch.autograd.backward(...) or a module attribute
+            accelerator = accelerator_for(facts, site)
+            if accelerator is None:
+                continue  # this function never touches the accelerator
+            receiver_value = facts.value(site.receiver, site.order, site.scope)
+            if receiver_value.kind == "accelerator":
+                continue
+            acc_name = snippet(facts, accelerator.receiver)
+            loss = snippet(facts, site.receiver)
+            replacement = cst.Call(
+                func=cst.Attribute(value=accelerator.receiver.deep_clone(), attr=cst.Name("backward")),
+                args=[cst.Arg(site.receiver.deep_clone()), *[a.deep_clone() for a in site.node.args if a.keyword]],
+            )
+            fix = None
+            if all(a.keyword is not None for a in site.node.args):
+                fix = Fix(f"Replace with `{acc_name}.backward({loss})`", Applicability.SAFE, (Edit(site.node, replacement),))
+            yield self.report(
+                site.node,
+                f"`{loss}.backward()` bypasses `{acc_name}`: with fp16 the loss is not scaled (the prepared "
+                "optimizer then unscales unscaled gradients), with gradient accumulation it is not divided by the "
+                "number of steps, and DeepSpeed/FSDP backward hooks are skipped.",
+                fix_hint=f"Use `{acc_name}.backward({loss})`.",
+                fix=fix,
+            )

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from gpudoctor.check.facts import FileFacts
+from gpudoctor.check.finding import Applicability, Edit, Fix, Severity
+from gpudoctor.check.queries import accelerator_for, accelerator_kwargs, mixed_precision_fp16, snippet
+from gpudoctor.check.rule import Rule
+
+
+class TorchClipWithAccelerator(Rule):
+    """``torch.nn.utils.clip_grad_norm_`` in an Accelerator loop clips the *scaled* gradients when
+    fp16 is on (set in code or by ``accelerate config``) and bypasses DeepSpeed/FSDP clipping.
+    Clipping parameters spread over several devices is *not* the problem: torch handles that."""
+
+    code = "GD105"
+    name = "torch-clip-with-accelerator"
+    summary = "torch.nn.utils.clip_grad_norm_ under an Accelerator instead of accelerator.clip_grad_norm_"
+    severity = Severity.WARNING
+    fixable = "safe"
+    triggers = ("clip_grad",)
+
+    def check(self, facts: FileFacts):
+        if not facts.prepare_calls():
+            return
+        for site in facts.calls_to("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_"):
+            accelerator = accelerator_for(facts, site)
+            if accelerator is None:
+                continue
+            kwargs = accelerator_kwargs(facts, accelerator.receiver, accelerator.order, accelerator.scope)
+            fp16 = mixed_precision_fp16(facts, kwargs)
+            function = site.qualname.split(".")[-1]
+            acc_name = snippet(facts, accelerator.receiver)
+            replacement = cst.Attribute(
+                value=accelerator.receiver.deep_clone(), attr=cst.Name(function)
+            )
+            if fp16:
+                why = "`mixed_precision=\"fp16\"` is set, so the gradients are still multiplied by the loss scale"
+            else:
+                why = (
+                    "if fp16 is enabled (here or by `accelerate config`), the gradients are still multiplied by the "
+                    "loss scale"
+                )
+            yield self.report(
+                site.node,
+                f"`{site.qualname}` runs before the optimizer step unscales gradients: {why} (65536 at the start), so "
+                "the norm is compared with the threshold at the wrong scale; DeepSpeed/FSDP clipping is bypassed too. "
+                "(Parameters on several devices are fine: torch groups them by device.)",
+                fix_hint=f"Use `{acc_name}.{function}(...)`, once per optimizer step under `if {acc_name}.sync_gradients:`.",
+                severity=Severity.ERROR if fp16 else Severity.WARNING,
+                fix=Fix(f"Call `{acc_name}.{function}` instead", Applicability.SAFE, (Edit(site.node.func, replacement),)),
+            )

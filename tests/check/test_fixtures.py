@@ -1,0 +1,46 @@
+"""Every ``fixtures/**/*.py`` file is a test: each ``# expect: CODE[, CODE]`` comment must be matched by
+a finding starting on that line, and no other finding may appear (preview rules included)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from gpudoctor.check.engine import check_source
+from gpudoctor.check.registry import all_rules
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "fixtures"
+# fixtures/trace holds programs for the runtime probe; they are checked by tests/trace.
+FILES = sorted(p for p in FIXTURES.rglob("*.py") if "trace" not in p.relative_to(FIXTURES).parts[:1])
+_EXPECT = re.compile(r"#\s*expect:\s*(?P<codes>GD\d{3}(?:\s*,\s*GD\d{3})*)")
+
+
+def expectations(source: str) -> set[tuple[int, str]]:
+    expected = set()
+    for number, line in enumerate(source.splitlines(), start=1):
+        match = _EXPECT.search(line)
+        if match:
+            expected |= {(number, code.strip()) for code in match.group("codes").split(",")}
+    return expected
+
+
+@pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(FIXTURES)) for p in FILES])
+def test_fixture(path: Path) -> None:
+    source = path.read_text(encoding="utf-8")
+    found = {(f.line, f.code) for f in check_source(source, str(path), rules=all_rules())}
+    expected = expectations(source)
+    missing = sorted(expected - found)
+    unexpected = sorted(found - expected)
+    assert not missing and not unexpected, f"missing {missing}, unexpected {unexpected}"
+
+
+def test_fixed_twins_are_clean() -> None:
+    for path in FIXTURES.rglob("*.fixed.py"):
+        assert not expectations(path.read_text(encoding="utf-8")), f"{path} is a fixed twin: it must expect nothing"
+
+
+def test_fixtures_exist() -> None:
+    assert len(FILES) >= 3
