@@ -159,10 +159,10 @@ def check_source(
 
     rule_classes = list(rules) if rules is not None else select_rules()
     active = [r for r in rule_classes if not r.triggers or any(t in source for t in r.triggers)]
+    if module is None:
+        module = cst.parse_module(source)  # even with no active rule: a syntax error is worth reporting
     if not active:
         return []
-    if module is None:
-        module = cst.parse_module(source)
     facts = collect(module, source, path)
     reports = []
     for rule_class in active:
@@ -207,7 +207,15 @@ def check_source(
     return findings
 
 
-def syntax_error_message(path: str, error: cst.ParserSyntaxError) -> str:
+def syntax_error_message(path: str, error: cst.ParserSyntaxError, source: str = "") -> str:
+    """Python's own compiler gives the more precise position and wording; libcst's is the fallback."""
+    try:
+        compile(source, path, "exec", flags=0x400, dont_inherit=True)  # ast.PyCF_ONLY_AST
+    except SyntaxError as exact:
+        if exact.lineno:
+            return f"{path}:{exact.lineno}:{exact.offset or 1}: syntax error: {exact.msg}"
+    except (ValueError, RecursionError):
+        pass
     message = str(error).strip().splitlines()[0] if str(error).strip() else "invalid syntax"
     return f"{path}:{error.raw_line}:{error.raw_column + 1}: syntax error: {message}"
 
@@ -232,7 +240,7 @@ def check_file(path: Path, config: Config, rules: Sequence[type[Rule]], display:
     try:
         findings = check_source(source, shown, file_rules)
     except cst.ParserSyntaxError as error:
-        return FileResult(shown, error=syntax_error_message(shown, error))
+        return FileResult(shown, error=syntax_error_message(shown, error, source))
     except RecursionError:
         return FileResult(shown, error=f"{shown}: too deeply nested to analyse")
     return FileResult(shown, findings=findings)

@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=30, help="optimizer steps")
     parser.add_argument("--batch-size", type=int, default=4, help="per process")
     parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--lr", type=float, default=None, help="default: 1e-2 for tiny, 2e-4 for a checkpoint")
     parser.add_argument("--max-length", type=int, default=256, help="tokens per example, prompt included")
     parser.add_argument("--lora-r", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)

@@ -1,0 +1,83 @@
+"""``gpudoctor trace`` command line."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+USAGE = """\
+usage: gpudoctor trace [--json PATH] [--deep] [--quiet] script.py [args ...]
+       gpudoctor trace [options] -m package.module [args ...]
+       gpudoctor trace [options] -- LAUNCHER [args ...]     (e.g. -- accelerate launch train.py, -- torchrun --nproc_per_node 2 train.py)
+
+Runs the program unchanged (same exit code, output and traceback) and adds a report:
+where a device mismatch / OOM happened, which tensors were involved and where they came from,
+the root cause and the fix; silent problems (offloaded weights that never train, ...); placement
+and peak memory. Every Python process the command starts reports (one per rank).
+
+options:
+  --json PATH   also write the merged report as JSON (schema: gpudoctor/trace/schema.md)
+  --deep        check devices on every aten op (catches meta/CPU mixes CPU kernels accept; slower)
+  --quiet       no terminal report (use with --json)
+"""
+
+
+def parse(argv: list[str]) -> tuple[dict, list[str]] | None:
+    opts = {"json": None, "deep": False, "quiet": False}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-h", "--help"):
+            return None
+        if arg == "--json":
+            if i + 1 >= len(argv):
+                raise SystemExit("gpudoctor trace: --json needs a path")
+            opts["json"] = argv[i + 1]
+            i += 2
+            continue
+        if arg.startswith("--json="):
+            opts["json"] = arg.split("=", 1)[1]
+        elif arg == "--deep":
+            opts["deep"] = True
+        elif arg in ("--quiet", "-q"):
+            opts["quiet"] = True
+        elif arg == "--":
+            return opts, argv[i + 1:]
+        elif arg == "-m":
+            if i + 1 >= len(argv):
+                raise SystemExit("gpudoctor trace: -m needs a module name")
+            return opts, [sys.executable, "-m", *argv[i + 1:]]
+        elif arg.startswith("-"):
+            raise SystemExit(f"gpudoctor trace: unknown option {arg}\n\n{USAGE}")
+        else:
+            return opts, [sys.executable, *argv[i:]]
+        i += 1
+    return None
+
+
+def main(argv: list[str]) -> int:
+    parsed = parse(list(argv))
+    if parsed is None or not parsed[1]:
+        sys.stdout.write(USAGE)
+        return 0 if parsed is None and any(a in ("-h", "--help") for a in argv) else 2
+    opts, command = parsed
+    if command[0] == sys.executable and len(command) > 1 and command[1] != "-m" and not os.path.exists(command[1]):
+        sys.stderr.write(f"gpudoctor trace: no such script: {command[1]}\n")
+        return 2
+    from gpudoctor.trace.launch import run_traced
+    from gpudoctor.trace.report import merge, render, write_json
+
+    code, reports = run_traced(command, deep=opts["deep"])
+    merged = merge(reports, command=command, exit_code=code)
+    try:
+        if opts["json"]:
+            write_json(merged, opts["json"])
+        if not opts["quiet"]:
+            render(merged)
+    except Exception as exc:  # the program's exit code matters more than our rendering
+        sys.stderr.write(f"gpudoctor: could not render the report: {type(exc).__name__}: {exc}\n")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

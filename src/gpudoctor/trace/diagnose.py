@@ -1,0 +1,510 @@
+"""Turn an exception plus the probe's state into a diagnosis: where, which tensors, why, and the fix.
+
+Root causes and fixes are the ones verified on torch 2.13 / accelerate 1.15 / transformers 5.24
+(shared research: pitfall-ground-truth.md rows, runtime-anchors.md §7.1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import torch.nn as nn
+
+from gpudoctor.trace.devicecheck import DeviceCheckMode, DeviceMismatchDetected
+from gpudoctor.trace.frames import first_user_frame_from_traceback, traceback_frames
+from gpudoctor.trace.messages import parse_device_message, parse_oom_message
+from gpudoctor.trace.origins import OriginIndex, describe
+from gpudoctor.trace.probe import Probe, _offload_hook
+
+# id -> (title, fix template, static rule code or None, reference)
+CAUSES: dict[str, tuple[str, str, str | None, str]] = {
+    "batch_not_moved": (
+        "The batch was not moved to the model's device",
+        "Move every input to the model before the call, e.g. `batch = {{k: v.to(model.device) for k, v in batch.items()}}` "
+        "(or let `accelerator.prepare(dataloader)` do it). Labels may stay on CPU: the HF loss moves them.",
+        None, "ground truth 5a; issues pytorch/tutorials#1657"),
+    "tensor_created_in_forward": (
+        "A tensor created inside forward() has no device=",
+        "Create it on the device of the data it meets: `torch.{op}(..., device={other}.device)` at {where}, "
+        "or register it once as a buffer in __init__.",
+        None, "runtime-anchors 7.1 #3"),
+    "plain_tensor_attribute": (
+        "A tensor stored as a plain attribute, not a buffer, is left behind by model.to()",
+        "Register it: `self.register_buffer(\"{attr}\", tensor, persistent=False)` in __init__ of {module}; "
+        "Module.to()/cuda() then move it with the parameters.",
+        None, "runtime-anchors 7.1 #4 (transformers#22234)"),
+    "submodule_in_python_list": (
+        "Submodules kept in a Python list are invisible to model.to() and model.parameters()",
+        "Hold them in `nn.ModuleList` (or `nn.ModuleDict`): {path} is never moved, trained or saved as it is.",
+        None, "runtime-anchors 7.1 #5"),
+    "moved_after_dispatch": (
+        "A dispatched model was moved after dispatch; accelerate's hooks still send activations to the old devices",
+        "Don't move a model loaded with a device_map. If you must, run "
+        "`accelerate.hooks.remove_hook_from_module(model, recurse=True)` after moving it.",
+        "GD110", "ground truth 15b"),
+    "split_no_split_module": (
+        "The device map splits a block that must stay on one device",
+        "Build the map with `infer_auto_device_map(model, no_split_module_classes=model._no_split_modules)` "
+        "(transformers' `from_pretrained(device_map=\"auto\")` does this for you).",
+        "GD108", "ground truth 12a/12b"),
+    "manual_split_without_hooks": (
+        "The model is split across devices by hand, and nothing moves activations between the parts",
+        "Use `accelerate.dispatch_model(model, device_map)` / `from_pretrained(device_map=...)`, whose hooks move "
+        "activations, or move them yourself in forward: `hidden = hidden.to(next_block_device)`.",
+        None, "ground truth 5e"),
+    "dataparallel_split_model": (
+        "nn.DataParallel wraps a model whose layers are on several devices",
+        "Don't wrap a split model in DataParallel: run one process with the device_map, or DDP with one full copy "
+        "per GPU (`device_map={{\"\": PartialState().process_index}}`).",
+        "GD111", "ground truth 6a"),
+    "dataparallel_model_on_cpu": (
+        "nn.DataParallel wraps a model that is still on the CPU",
+        "Move the model to `device_ids[0]` first: `model.to(\"cuda:0\")`, then wrap it.",
+        None, "ground truth 6b"),
+    "optimizer_state_device": (
+        "Optimizer state lives on another device than its parameters",
+        "Create the optimizer after moving the model, or re-cast its state after moving: "
+        "`optimizer.load_state_dict(optimizer.state_dict())`.",
+        None, "ground truth 16a/16b"),
+    "trainable_offloaded": (
+        "Trainable parameters are accelerate-offloaded meta placeholders",
+        "Keep the trained modules resident (no `cpu`/`disk` entries in the device_map for them), or put LoRA only on "
+        "resident modules. Offloaded weights never receive gradients.",
+        "GD102", "ground truth 1d/3d"),
+    "inputs_to_meta_device": (
+        "Inputs were sent to `model.device`, which is `meta` because the first parameter is offloaded",
+        "Leave the inputs on CPU (accelerate's hooks move them), or send them to the first resident execution device "
+        "(e.g. `inputs.to(0)`), not `model.device`.",
+        None, "ground truth 5d"),
+    "meta_weights_not_loaded": (
+        "Parameters are still on `meta`: the model was built empty and its weights were never loaded",
+        "Load the weights (`load_checkpoint_and_dispatch`, `from_pretrained`), or `model.to_empty(device=...)` and "
+        "initialise them, before running it.",
+        None, "ground truth 14e/14f; transformers#34234"),
+    "offload_dtype_mismatch": (
+        "Offloaded and resident weights have different dtypes",
+        "Pass the dtype when dispatching: `load_checkpoint_and_dispatch(..., dtype=torch.float16)`; a `.half()` on the "
+        "empty model is undone for offloaded weights.",
+        None, "ground truth 14a/14b"),
+    "generic_mismatch": (
+        "Tensors on different devices meet in one op",
+        "Move `{arg}` ({origin}) to {common} before this op, or create it there.",
+        None, ""),
+}
+
+
+def _cause(cause_id: str, explanation: str, evidence: list[str], **fmt) -> dict:
+    title, fix, rule, ref = CAUSES[cause_id]
+    try:
+        fix = fix.format(**fmt)
+    except (KeyError, IndexError):
+        fix = fix.replace("{{", "{").replace("}}", "}")
+    return {"id": cause_id, "title": title, "explanation": explanation, "fix": fix, "rule": rule, "reference": ref,
+            "evidence": evidence}
+
+
+# ---------------------------------------------------------------------------------------------
+# phase, facts
+# ---------------------------------------------------------------------------------------------
+
+def detect_phase(exc: BaseException, probe: Probe, snapshot) -> str:
+    frames = traceback_frames(exc.__traceback__)
+    files = [f.replace(os.sep, "/") for f, _, _ in frames]
+    if any("/torch/autograd/" in f for f in files) and any(fn in ("backward", "_engine_run_backward", "grad") for _, _, fn in frames):
+        return "backward"
+    if probe.in_step is not None or any("/torch/optim/" in f for f in files):
+        return "optimizer_step"
+    if snapshot is not None and snapshot.stack:
+        if not snapshot.grad_enabled or not snapshot.training:
+            return "evaluation"
+        return "forward"
+    return "unknown"
+
+
+def param_devices(module: nn.Module) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for p in module.parameters():
+        out[str(p.device)] = out.get(str(p.device), 0) + 1
+    return out
+
+
+def _hooks(module: nn.Module):
+    hook = getattr(module, "_hf_hook", None)
+    return getattr(hook, "hooks", None) or ([hook] if hook is not None else [])
+
+
+def is_dispatched(model: nn.Module) -> bool:
+    return bool(getattr(model, "hf_device_map", None)) or any(_hooks(m) for m in model.modules())
+
+
+def _hf_device_map(model: nn.Module) -> dict | None:
+    for m in model.modules():
+        dm = getattr(m, "hf_device_map", None)
+        if dm:
+            return dm
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# re-running the failing module under the device check
+# ---------------------------------------------------------------------------------------------
+
+def rerun_with_device_check(probe: Probe, snapshot):
+    """Re-run the innermost failing module under DeviceCheckMode; return (mismatch, mode) or (None, mode).
+
+    Runs without grad and with a forked RNG, so nothing the user's program kept is changed beyond what
+    the original call already did. A failure here is swallowed: the user's error is what matters.
+    """
+    frame = snapshot.stack[-1]
+    fake_mode = _fake_mode_of(frame)
+    mode = DeviceCheckMode(probe.current_path)
+    saved_stack, saved_snapshot, saved_track = probe.stack, probe.snapshot, probe.track_backward
+    probe.stack = list(snapshot.stack[:-1])
+    probe.track_backward = False
+    try:
+        with contextlib.ExitStack() as stack:
+            if fake_mode is not None:
+                stack.enter_context(fake_mode)
+            stack.enter_context(torch.no_grad())
+            stack.enter_context(torch.random.fork_rng(devices=[]))
+            stack.enter_context(mode)
+            frame.module(*frame.args, **frame.kwargs)
+    except DeviceMismatchDetected:
+        pass
+    except Exception as exc:  # the re-run failing differently still tells nothing wrong about devices
+        probe._record_error("diagnostic re-run", exc)
+    finally:
+        probe.stack, probe.snapshot, probe.track_backward = saved_stack, saved_snapshot, saved_track
+    return mode.mismatch, mode
+
+
+def _fake_mode_of(frame):
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    candidates = list(frame.args) + list(frame.kwargs.values()) + list(frame.module.parameters())
+    for value in candidates:
+        if isinstance(value, FakeTensor):
+            return value.fake_mode
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# main entry
+# ---------------------------------------------------------------------------------------------
+
+def diagnose_exception(exc: BaseException, probe: Probe) -> dict:
+    message = str(exc)
+    snapshot = probe.snapshot_for(exc)
+    phase = detect_phase(exc, probe, snapshot)
+    user_frame = first_user_frame_from_traceback(exc.__traceback__)
+    failure: dict = {
+        "exception": {"type": type(exc).__name__, "module": type(exc).__module__, "message": message},
+        "phase": phase,
+        "user_frame": user_frame,
+        "module": None,
+        "module_stack": [],
+        "op": None,
+        "tensors": [],
+        "cause": None,
+        "message_form": None,
+        "kind": "other",
+    }
+    if snapshot is not None and snapshot.stack:
+        inner = snapshot.stack[-1]
+        failure["module"] = {"path": inner.path or "", "class": type(inner.module).__name__,
+                             "root": type(snapshot.stack[0].module).__name__}
+        failure["module_stack"] = [{"path": f.path, "class": type(f.module).__name__} for f in snapshot.stack]
+    elif phase == "backward" and probe.backward_stack:
+        path = probe.backward_stack[-1]
+        failure["module"] = {"path": path, "class": _class_of_path(probe, path), "root": None}
+
+    oom = parse_oom_message(message) if isinstance(exc, (RuntimeError, MemoryError)) else None
+    if oom is not None:
+        from gpudoctor.trace.memory import diagnose_oom
+
+        failure["kind"] = "oom"
+        failure["oom"] = diagnose_oom(oom, probe, phase)
+        return failure
+
+    mismatch = exc.mismatch if isinstance(exc, DeviceMismatchDetected) else None
+    info = parse_device_message(message)
+    if info is None and mismatch is None:
+        return failure
+    failure["kind"] = info.kind if info else "device_mismatch"
+    failure["message_form"] = info.to_dict() if info else None
+
+    mode = probe.device_mode
+    if mismatch is None and snapshot is not None and snapshot.stack and failure["kind"] == "device_mismatch":
+        mismatch, mode = rerun_with_device_check(probe, snapshot)
+    index = OriginIndex(probe, snapshot.stack if snapshot else (), mode)
+    if mismatch is not None:
+        failure["op"] = {"name": mismatch.op, "argument": mismatch.argument, "module": mismatch.module_path,
+                         "common_device": mismatch.common_device, "offending_device": mismatch.offending_device}
+        for arg in mismatch.tensors:
+            origin = index.origin(arg.tensor)
+            failure["tensors"].append({"argument": arg.argument, "device": arg.device, "dtype": arg.dtype, "shape": arg.shape,
+                                       "origin": origin, "origin_text": describe(origin)})
+        if mismatch.module_path is not None and failure["module"] is not None:
+            failure["module"]["op_module"] = mismatch.module_path
+    failure["cause"] = match_cause(failure, info, mismatch, probe, snapshot, index)
+    return failure
+
+
+def _class_of_path(probe: Probe, path: str) -> str:
+    for root in probe.root_models():
+        for name, module in root.named_modules():
+            if name == path:
+                return type(module).__name__
+    return "?"
+
+
+def match_cause(failure: dict, info, mismatch, probe: Probe, snapshot, index: OriginIndex) -> dict | None:
+    roots = probe.root_models()
+    kind = failure["kind"]
+    inner = snapshot.stack[-1].module if snapshot and snapshot.stack else None
+
+    if kind == "dataparallel" and inner is not None:
+        wrapped = getattr(inner, "module", inner)
+        devices = param_devices(wrapped)
+        evidence = [f"{n} parameter tensor(s) on {d}" for d, n in devices.items()]
+        if set(devices) == {"cpu"}:
+            return _cause("dataparallel_model_on_cpu", "DataParallel needs the whole model on device_ids[0] before it replicates it.", evidence)
+        dispatched = is_dispatched(wrapped)
+        cause = _cause("dataparallel_split_model",
+                       "DataParallel replicates one full copy per GPU from device_ids[0] on every forward; a model already "
+                       "split over several devices" + (" by a device_map" if dispatched else "") + " can't be replicated.", evidence)
+        if not dispatched:
+            cause["rule"] = None
+        return cause
+
+    if kind == "optimizer_state" or failure["phase"] == "optimizer_step" or any(t["origin"].get("kind") == "optimizer_state" for t in failure["tensors"]):
+        stale = optimizer_state_mismatches(probe, index)
+        if stale:
+            return _cause("optimizer_state_device", "The optimizer built its state (exp_avg, ...) while the parameters were "
+                          "elsewhere; moving the model afterwards does not move the state.", stale[:6])
+
+    if kind == "meta_tensor":
+        form = (info.form if info else "")
+        meta_trainable = [f"{n}" for m in roots for n, p in m.named_parameters() if p.requires_grad and p.device.type == "meta"]
+        if form == "invalid_gradient_device" or (meta_trainable and failure["phase"] == "backward"):
+            return _cause("trainable_offloaded", f"{len(meta_trainable)} trainable parameter(s) are on `meta` (offloaded): "
+                          "autograd can't give them a gradient on a real device.", meta_trainable[:6])
+        meta_inputs = []
+        if snapshot and snapshot.stack:
+            root_frame = snapshot.stack[0]
+            for key, value in list(enumerate(root_frame.args)) + list(root_frame.kwargs.items()):
+                if isinstance(value, torch.Tensor) and value.device.type == "meta":
+                    meta_inputs.append(f"input `{key}` of {type(root_frame.module).__name__} is on meta")
+        offloaded = any(_offload_hook(m) is not None for r in roots for m in r.modules())
+        if meta_inputs:
+            first = next((p for r in roots for p in r.parameters()), None)
+            evidence = meta_inputs + ([f"model.device is {first.device} (its first parameter is an offloaded placeholder)"] if first is not None else [])
+            return _cause("inputs_to_meta_device", "`model.device` is the device of the first parameter; with offload that is a "
+                          "`meta` placeholder, so `.to(model.device)` made data-less inputs.", evidence)
+        meta_params = [n for m in roots for n, p in m.named_parameters() if p.device.type == "meta"]
+        if meta_params and not offloaded:
+            return _cause("meta_weights_not_loaded", f"{len(meta_params)} parameter(s) are on meta and no accelerate hook loads them.",
+                          meta_params[:6])
+        if meta_trainable:
+            return _cause("trainable_offloaded", "Trainable parameters are offloaded placeholders.", meta_trainable[:6])
+        return None
+
+    if kind == "dtype_mismatch":
+        mixed = offload_dtype_evidence(roots)
+        if mixed:
+            return _cause("offload_dtype_mismatch", "Resident weights and the offloaded copies accelerate loads at each forward "
+                          "have different dtypes, so one matmul mixes them.", mixed)
+        return None
+
+    if kind != "device_mismatch":
+        return None
+
+    tensors = failure["tensors"]
+    common = mismatch.common_device if mismatch else (info.devices[0] if info and info.devices else "?")
+
+    for t in tensors:
+        origin = t["origin"]
+        if origin.get("kind") == "created_in_forward":
+            others = [o for o in tensors if o is not t and o["device"] != t["device"]]
+            other_arg = others[0]["argument"] if others else "x"
+            loc = origin.get("location") or {}
+            where = f"{loc.get('file', '?')}:{loc.get('line', '?')}" if loc else "the line that creates it"
+            op = origin.get("op", "aten.empty").split(".")[-1]
+            return _cause("tensor_created_in_forward", f"`{t['argument']}` was made by {origin.get('op')} on {t['device']} "
+                          f"inside {origin.get('module') or 'forward'}, while the other operand is on {others[0]['device'] if others else common}.",
+                          [f"{o['argument']}: {o['device']} — {o['origin_text']}" for o in tensors], op=op, other=other_arg, where=where)
+    for t in tensors:
+        origin = t["origin"]
+        if origin.get("kind") == "attribute":
+            name = origin["name"]
+            module_path, _, attr = name.rpartition(".")
+            return _cause("plain_tensor_attribute", f"{name} is a plain tensor attribute on {t['device']}; model.to() moved the "
+                          "parameters and buffers but not it.", [f"{o['argument']}: {o['device']} — {o['origin_text']}" for o in tensors],
+                          attr=attr, module=module_path or "the module")
+        if origin.get("kind") == "unregistered_parameter":
+            return _cause("submodule_in_python_list", f"{origin['name']} stays on {t['device']}: its module is not registered.",
+                          [f"{o['argument']}: {o['device']} — {o['origin_text']}" for o in tensors], path=origin["name"].rsplit(".", 1)[0])
+    if probe.unregistered and not tensors:
+        path = next(iter(probe.unregistered.values()))
+        return _cause("submodule_in_python_list", f"{path} is called from forward but isn't a registered submodule.", [path], path=path)
+
+    for root in roots:
+        if not is_dispatched(root):
+            continue
+        moved = moved_after_dispatch_evidence(root)
+        if moved:
+            return _cause("moved_after_dispatch", "The hooks' execution devices no longer match where the weights are.", moved[:6])
+        split = split_block_evidence(root)
+        if split:
+            return _cause("split_no_split_module", "A residual block was cut between devices: its residual add / norm meets "
+                          "tensors from both sides.", split[:6])
+
+    root_inputs = [t for t in tensors if t["origin"].get("kind") == "module_input" and t["origin"].get("depth") == 0]
+    params = [t for t in tensors if t["origin"].get("kind") in ("parameter", "buffer")]
+    if root_inputs and params and any(r["device"] != p["device"] for r in root_inputs for p in params):
+        r = root_inputs[0]
+        return _cause("batch_not_moved", f"`{r['origin']['name']}` reached {r['origin']['module']} on {r['device']}; the "
+                      f"parameters it meets are on {params[0]['device']}.",
+                      [f"{o['argument']}: {o['device']} — {o['origin_text']}" for o in tensors])
+
+    for root in roots:
+        devices = {d for d in param_devices(root) if d != "meta"}
+        if len(devices) > 1 and not is_dispatched(root):
+            groups = placement_groups(root)
+            return _cause("manual_split_without_hooks", f"{type(root).__name__} has parameters on {', '.join(sorted(devices))} "
+                          "and no accelerate hooks.", [f"{d}: {', '.join(g)}" for d, g in groups.items()])
+
+    if root_inputs:
+        r = root_inputs[0]
+        return _cause("batch_not_moved", f"`{r['origin']['name']}` reached {r['origin']['module']} on {r['device']}.",
+                      [f"{o['argument']}: {o['device']} — {o['origin_text']}" for o in tensors])
+    if tensors:
+        bad = next((t for t in tensors if t["argument"] == (mismatch.argument if mismatch else None)), tensors[-1])
+        return _cause("generic_mismatch", "See the tensors above.", [f"{o['argument']}: {o['device']} — {o['origin_text']}" for o in tensors],
+                      arg=bad["argument"], origin=bad["origin_text"], common=common)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# evidence helpers
+# ---------------------------------------------------------------------------------------------
+
+def optimizer_state_mismatches(probe: Probe, index: OriginIndex) -> list[str]:
+    out = []
+    for optimizer in list(probe.optimizers):
+        for param, state in optimizer.state.items():
+            name = (index.by_id.get(id(param)) or {}).get("name", f"param{tuple(param.shape)}")
+            for key, value in state.items():
+                if not isinstance(value, torch.Tensor):
+                    continue
+                if key == "step" and value.device.type == "cpu":
+                    continue  # `step` may live on CPU by design
+                if value.device != param.device:
+                    out.append(f"{name}: parameter on {param.device}, state[{key!r}] on {value.device}")
+    return out
+
+
+def moved_after_dispatch_evidence(root: nn.Module) -> list[str]:
+    out = []
+    for path, module in root.named_modules():
+        for hook in _hooks(module):
+            execution = getattr(hook, "execution_device", None)
+            if execution is None or getattr(hook, "offload", False):
+                continue
+            execution = torch.device(execution) if not isinstance(execution, torch.device) else execution
+            for name, p in module.named_parameters():
+                if p.device.type != "meta" and p.device != execution:
+                    out.append(f"{path or type(root).__name__}: hook execution device {execution}, but {name} is on {p.device}")
+                    break
+    return out
+
+
+def split_block_evidence(root: nn.Module) -> list[str]:
+    no_split = set(getattr(root, "_no_split_modules", None) or [])
+    for m in root.modules():
+        no_split |= set(getattr(m, "_no_split_modules", None) or [])
+    out = []
+    for path, module in root.named_modules():
+        if type(module).__name__ not in no_split:
+            continue
+        devices = {d for d in param_devices(module) if d != "meta"}
+        if len(devices) > 1:
+            placed = [f"{path}.{n}: {next(iter(param_devices(c)), '?')}" for n, c in module.named_children() if param_devices(c)]
+            out.append(f"{path} ({type(module).__name__}, in _no_split_modules) spans {', '.join(sorted(devices))}: " + "; ".join(placed[:4]))
+    return out
+
+
+def offload_dtype_evidence(roots) -> list[str]:
+    resident: set[str] = set()
+    offloaded: set[str] = set()
+    for root in roots:
+        for p in root.parameters():
+            if p.device.type != "meta" and p.is_floating_point():
+                resident.add(str(p.dtype).replace("torch.", ""))
+        seen = 0
+        for path, module in root.named_modules():
+            hook = _offload_hook(module)
+            if hook is None or seen >= 4:
+                continue
+            weights_map = getattr(hook, "weights_map", None)
+            for name, p in module.named_parameters(recurse=False):
+                try:
+                    value = weights_map[name]
+                except Exception:
+                    continue
+                if isinstance(value, torch.Tensor) and value.is_floating_point():
+                    offloaded.add(str(value.dtype).replace("torch.", ""))
+                seen += 1
+                break
+    if offloaded and resident and offloaded != resident:
+        return [f"resident weights: {', '.join(sorted(resident))}", f"offloaded weights (loaded at each forward): {', '.join(sorted(offloaded))}"]
+    return []
+
+
+def placement_groups(root: nn.Module) -> dict[str, list[str]]:
+    """Shallowest modules whose parameters all sit on one device, per device (ranges compressed)."""
+    groups: dict[str, list[str]] = {}
+
+    def walk(path: str, module: nn.Module) -> None:
+        devices = {str(p.device) for p in module.parameters()}
+        if not devices:
+            return
+        if len(devices) == 1:
+            groups.setdefault(next(iter(devices)), []).append(path or type(module).__name__)
+            return
+        direct = {str(p.device) for p in module.parameters(recurse=False)}
+        for d in direct:
+            groups.setdefault(d, []).append(f"{path or type(module).__name__} (own params)")
+        for name, child in module.named_children():
+            walk(f"{path}.{name}" if path else name, child)
+
+    walk("", root)
+    return {d: compress_paths(paths) for d, paths in groups.items()}
+
+
+def compress_paths(paths: list[str]) -> list[str]:
+    """["m.layers.0", "m.layers.1", "m.layers.2"] -> ["m.layers.0-2"]."""
+    out: list[str] = []
+    run_prefix, run_start, run_end = None, None, None
+
+    def flush():
+        if run_prefix is not None:
+            out.append(f"{run_prefix}.{run_start}" if run_start == run_end else f"{run_prefix}.{run_start}-{run_end}")
+
+    for path in paths:
+        prefix, _, last = path.rpartition(".")
+        if last.isdigit() and prefix:
+            n = int(last)
+            if prefix == run_prefix and n == run_end + 1:
+                run_end = n
+                continue
+            flush()
+            run_prefix, run_start, run_end = prefix, n, n
+        else:
+            flush()
+            run_prefix = None
+            out.append(path)
+    flush()
+    return out

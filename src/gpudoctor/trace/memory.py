@@ -1,0 +1,227 @@
+"""Memory: OOM diagnosis with a per-device breakdown, options with estimated savings, and peak memory."""
+
+from __future__ import annotations
+
+import os
+import resource
+
+import torch
+import torch.nn as nn
+
+from gpudoctor.trace.messages import OomInfo, classify_oom
+
+ADAM_STATE_BYTES = 8  # exp_avg + exp_avg_sq in fp32
+
+
+def _storage_key(t: torch.Tensor):
+    try:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        return StorageWeakRef(t.untyped_storage()).cdata
+    except Exception:
+        return id(t)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def breakdown(probe) -> dict[str, dict[str, int]]:
+    """Bytes per device: weights, buffers, gradients, optimizer_state (shared storages counted once)."""
+    seen: set = set()
+    out: dict[str, dict[str, int]] = {}
+
+    def add(t, category):
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            return
+        key = _storage_key(t)
+        if key in seen:
+            return
+        seen.add(key)
+        row = out.setdefault(str(t.device), {"weights": 0, "buffers": 0, "gradients": 0, "optimizer_state": 0})
+        row[category] += _nbytes(t)
+
+    for root in probe.root_models():
+        for p in root.parameters():
+            add(p, "weights")
+            if p.grad is not None:
+                add(p.grad, "gradients")
+        for b in root.buffers():
+            add(b, "buffers")
+    for opt in list(probe.optimizers):
+        for state in opt.state.values():
+            for value in state.values():
+                add(value, "optimizer_state")
+    return out
+
+
+def model_numbers(probe) -> dict:
+    total = trainable = weight_bytes = linear_lora = 0
+    linear_weight_params = 0
+    for root in probe.root_models():
+        for p in root.parameters():
+            total += p.numel()
+            weight_bytes += _nbytes(p)
+            if p.requires_grad:
+                trainable += p.numel()
+        for name, module in root.named_modules():
+            if isinstance(module, nn.Linear) and not name.endswith("lm_head"):
+                linear_lora += 16 * (module.in_features + module.out_features)  # LoRA r=16
+                linear_weight_params += module.weight.numel()
+    return {"params": total, "trainable": trainable, "weight_bytes": weight_bytes, "lora_r16_params": linear_lora,
+            "linear_weight_params": linear_weight_params}
+
+
+def device_count() -> int:
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    try:
+        backend = torch._C._get_privateuse1_backend_name()
+        module = getattr(torch, backend, None)
+        if module is not None and backend != "privateuseone":
+            return int(module.device_count())
+    except Exception:
+        pass
+    return 1
+
+
+def diagnose_oom(info: OomInfo, probe, phase: str) -> dict:
+    per_device = breakdown(probe)
+    device = f"{info.device_type}:{info.device_index}" if info.device_index is not None else info.device_type
+    if info.device_type == "cuda" and not torch.cuda.is_available():
+        # a simulated CUDA OOM on virtual devices carries the index; name the device we actually see
+        match = [d for d in per_device if d.endswith(f":{info.device_index}") and not d.startswith("cpu")]
+        if match:
+            device = match[0]
+    row = per_device.get(device, {"weights": 0, "buffers": 0, "gradients": 0, "optimizer_state": 0})
+    known = sum(row.values())
+    if info.allocated is not None:
+        row = dict(row, activations_and_other=max(info.allocated - known, 0))
+    classes = classify_oom(info)
+    if info.device_type == "cpu" and info.requested:
+        ram = _physical_ram()
+        if ram and info.requested > ram:
+            classes.insert(0, {"id": "single_allocation_too_large", "title": "one allocation is larger than the machine's RAM",
+                               "detail": f"requested {info.requested} bytes, the machine has {ram} bytes"})
+            classes = [c for c in classes if c["id"] != "host_memory" or len(classes) == 1]
+    return {
+        "device": device,
+        "message_fields": info.to_dict(),
+        "classification": classes,
+        "phase": phase,
+        "memory_by_category": {device: row, **{d: r for d, r in per_device.items() if d != device}},
+        "options": oom_options(probe, row, phase),
+    }
+
+
+def _physical_ram() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def oom_options(probe, row: dict, phase: str) -> list[dict]:
+    """Concrete options with savings estimated from the model in hand (not from a model name)."""
+    numbers = model_numbers(probe)
+    if not numbers["params"]:
+        return []
+    n_devices = max(device_count(), 1)
+    weights, grads, optim = row.get("weights", 0), row.get("gradients", 0), row.get("optimizer_state", 0)
+    trainable = numbers["trainable"]
+    training = trainable > 0 and phase in ("forward", "backward", "optimizer_step")
+    # before the first step grads/state don't exist yet: estimate what they will cost (fp32 Adam)
+    future_grads = grads or (trainable * 4 if training else 0)
+    future_optim = optim or (trainable * ADAM_STATE_BYTES if training else 0)
+    activations = row.get("activations_and_other")
+    options = []
+    if training and numbers["lora_r16_params"] and trainable > 4 * numbers["lora_r16_params"]:
+        lora = numbers["lora_r16_params"]
+        saving = future_grads + future_optim - lora * (4 + ADAM_STATE_BYTES)
+        options.append({"id": "lora", "title": "LoRA instead of full fine-tuning (peft, r=16 on every Linear)",
+                        "saving_bytes": max(saving, 0),
+                        "detail": f"trainable params {trainable:,} -> ~{lora:,}: gradients and Adam state shrink accordingly"})
+    if numbers["linear_weight_params"]:
+        linear_bytes = sum(_nbytes(m.weight) for r in probe.root_models() for n, m in r.named_modules()
+                           if isinstance(m, nn.Linear) and not n.endswith("lm_head") and m.weight.device.type != "meta")
+        for bits, label in ((8, "8-bit"), (4, "4-bit")):
+            quantized = numbers["linear_weight_params"] * bits // 8
+            if linear_bytes > quantized:
+                options.append({"id": f"quantize_{bits}bit", "title": f"{label} weights (bitsandbytes; QLoRA when training)",
+                                "saving_bytes": linear_bytes - quantized,
+                                "detail": "`quantization_config=BitsAndBytesConfig(load_in_%dbit=True)`; only adapters can then be trained" % bits})
+    if activations:
+        if phase in ("forward", "backward"):
+            layers = sum(1 for r in probe.root_models() for m in r.modules() if type(m).__name__.endswith(("DecoderLayer", "EncoderLayer", "Block")))
+            keep = 1 / max(layers, 1) if layers else 0.5
+            options.append({"id": "gradient_checkpointing", "title": "gradient checkpointing",
+                            "saving_bytes": int(activations * (1 - keep)),
+                            "detail": "`model.gradient_checkpointing_enable()` and `model.train()`: keeps one layer's activations at a time (~30% slower)"})
+        options.append({"id": "smaller_micro_batch", "title": "halve the micro-batch, double gradient accumulation",
+                        "saving_bytes": activations // 2,
+                        "detail": "same effective batch: `per_device_train_batch_size/2`, `gradient_accumulation_steps*2`"})
+    if n_devices > 1:
+        options.append({"id": "device_map_sharding", "title": f"shard the weights over {n_devices} devices (device_map='auto')",
+                        "saving_bytes": int(weights * (1 - 1 / n_devices)),
+                        "detail": "single process; layers run in turn, so it fits but doesn't speed up"})
+        if training:
+            options.append({"id": "zero3_fsdp", "title": f"ZeRO-3 / FSDP over {n_devices} GPUs",
+                            "saving_bytes": int((weights + future_grads + future_optim) * (1 - 1 / n_devices)),
+                            "detail": "shards weights, gradients and optimizer state; one process per GPU"})
+    elif training and future_optim:
+        options.append({"id": "optimizer_offload", "title": "ZeRO-Offload / paged or 8-bit optimizer",
+                        "saving_bytes": int(future_optim),
+                        "detail": "moves (or shrinks to 1/4 with 8-bit Adam) the optimizer state off the GPU"})
+    if not training and weights:
+        options.append({"id": "cpu_offload", "title": "offload part of the weights to CPU (device_map with max_memory)",
+                        "saving_bytes": weights // 2, "detail": "inference only: offloaded weights are never trained"})
+    options.sort(key=lambda o: -o["saving_bytes"])
+    return options
+
+
+# ---------------------------------------------------------------------------------------------
+# peak memory for the summary
+# ---------------------------------------------------------------------------------------------
+
+def peak_memory() -> dict:
+    devices = []
+    notes = []
+    source = "none"
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        source = "cuda"
+        for i in range(torch.cuda.device_count()):
+            free, total = torch.cuda.mem_get_info(i)
+            devices.append({"device": f"cuda:{i}", "peak_allocated": torch.cuda.max_memory_allocated(i),
+                            "peak_reserved": torch.cuda.max_memory_reserved(i), "total": total})
+        nvml = _nvml_process_usage()
+        if nvml is None:
+            notes.append("NVML unavailable (pip install nvidia-ml-py): memory outside PyTorch (context, NCCL) not shown")
+        else:
+            for row in devices:
+                row["nvml_process_used_now"] = nvml.get(int(row["device"].split(":")[1]))
+            notes.append("NVML gives the process's current usage (context + non-PyTorch memory), not its peak")
+    else:
+        notes.append("no CUDA device in this process: GPU peak memory not measured")
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    devices.append({"device": "cpu", "peak_rss": rss_kib * 1024})
+    notes.append("cpu: peak resident set size of the process (includes Python and libraries)")
+    return {"source": source, "devices": devices, "notes": notes}
+
+
+def _nvml_process_usage() -> dict | None:
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        out = {}
+        pid = os.getpid()
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid == pid:
+                    out[i] = proc.usedGpuMemory
+        return out
+    except Exception:
+        return None
