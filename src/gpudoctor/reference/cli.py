@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     try:
         train(config, console=console, quiet=args.quiet)
-    except (PlacementError, FileNotFoundError, ValueError) as exc:
+    except (PlacementError, OSError, ValueError) as exc:  # bad path, data or budget: say it, no traceback
         console.print(f"[bold red]reference-train failed:[/] {exc}")
         return 1
     return 0

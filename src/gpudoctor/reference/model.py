@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from gpudoctor.reference.data import build_tokenizer
-from gpudoctor.reference.placement import Placement, model_blocks, plan_placement
+from gpudoctor.reference.placement import Block, Placement, model_blocks, plan_placement
 
 # Small enough that ~30 optimizer steps take seconds on two CPU cores. The base stays random, so
 # its init is wider than Llama's 0.02: the frozen random head can then express peaked
@@ -69,10 +69,10 @@ def lora_config(r: int = 8, alpha: int = 16, dropout: float = 0.05, targets: str
     return LoraConfig(task_type=TaskType.CAUSAL_LM, r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets)
 
 
-def plan_for(path: str | Path, lora, budgets: dict[int | str, int], dtype: torch.dtype) -> Placement:
-    """Plan the placement of the checkpoint at ``path`` with LoRA ``lora`` added, without loading
-    a single weight: the model is built on the meta device and LoRA applied to it, so the plan
-    knows exactly which blocks will hold trainable parameters."""
+def planning_blocks(path: str | Path, lora, dtype: torch.dtype) -> list[Block]:
+    """The blocks of the checkpoint at ``path`` with LoRA ``lora`` added, without loading a single
+    weight: the model is built on the meta device and LoRA applied to it, so the blocks know
+    exactly which of them will hold trainable parameters."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -80,8 +80,11 @@ def plan_for(path: str | Path, lora, budgets: dict[int | str, int], dtype: torch
     with init_empty_weights():
         skeleton = AutoModelForCausalLM.from_config(config)
     no_split = skeleton._no_split_modules or []
-    skeleton = add_lora(skeleton, lora).get_base_model()
-    return plan_placement(model_blocks(skeleton, no_split, dtype), budgets)
+    return model_blocks(add_lora(skeleton, lora).get_base_model(), no_split, dtype)
+
+
+def plan_for(path: str | Path, lora, budgets: dict[int | str, int], dtype: torch.dtype) -> Placement:
+    return plan_placement(planning_blocks(path, lora, dtype), budgets)
 
 
 @contextmanager

@@ -51,7 +51,7 @@ class Placement:
         """
         for device in self.devices:
             if device not in OFFLOAD_DEVICES:
-                return torch.device(device)
+                return torch_device(device)
         return torch.device("cpu")
 
     def describe(self) -> list[str]:
@@ -64,14 +64,18 @@ class Placement:
             run.append(name)
             if i + 1 == len(items) or items[i + 1][1] != device:
                 span = run[0] if len(run) == 1 else f"{run[0]} … {run[-1]} ({len(run)} blocks)"
-                where = f"{device} (offloaded, frozen)" if device in OFFLOAD_DEVICES else _device_name(device)
+                where = f"{device} (offloaded, frozen)" if device in OFFLOAD_DEVICES else str(torch_device(device))
                 lines.append(f"{span} → {where}")
                 run = []
         return lines
 
 
-def _device_name(device: int | str) -> str:
-    return f"cuda:{device}" if isinstance(device, int) else str(device)
+def torch_device(device: int | str) -> torch.device:
+    """A device-map value as a torch.device; an int is an index on the machine's accelerator type."""
+    if isinstance(device, int):
+        accelerator = torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None
+        return torch.device(accelerator.type if accelerator else "cuda", device)
+    return torch.device(device)
 
 
 def model_blocks(model: torch.nn.Module, no_split: set[str] | list[str], frozen_dtype: torch.dtype) -> list[Block]:
@@ -184,15 +188,18 @@ def _neighbour_device(blocks: list[Block], i: int, where: dict, accelerators: li
     return None
 
 
-def available_budgets(reserve: float = 0.2, only: torch.device | None = None) -> dict[int | str, int]:
+def available_budgets(
+    reserve: float = 0.2, only: torch.device | None = None, max_memory: dict | None = None
+) -> dict[int | str, int]:
     """Free memory per device, minus ``reserve`` (a fraction) left for activations and the CUDA context.
 
     ``only``: one accelerator, for multi-process runs where each rank must hold a whole copy
     (a model spread over devices cannot be wrapped for distributed training).
+    ``max_memory``: caps per device as in ``from_pretrained`` (``{0: "20GiB", "cpu": "60GiB"}``).
     """
     from accelerate.utils import get_max_memory
 
-    memory = get_max_memory()
+    memory = get_max_memory(max_memory)
     if only is not None and only.type != "cpu":
         index = only.index if only.index is not None else 0
         return {index: int(memory[index] * (1 - reserve))}

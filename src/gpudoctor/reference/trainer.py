@@ -69,6 +69,7 @@ class TrainConfig:
     prompt: str = DEFAULT_PROMPT
     max_new_tokens: int = 40
     memory_reserve: float = 0.2  # fraction of each device's free memory kept for activations
+    max_memory: dict[int | str, int | str] | None = None  # per-device cap ("20GiB"), instead of measuring
     mixed_precision: str | None = None  # None: bf16 or fp16 on CUDA, none on CPU
 
 
@@ -129,7 +130,9 @@ def _train(config: TrainConfig, console, quiet: bool) -> TrainResult:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision, torch.float32)
     lora = lora_config(config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_targets)
     distributed = accelerator.num_processes > 1
-    budgets = available_budgets(config.memory_reserve, only=accelerator.device if distributed else None)
+    budgets = available_budgets(
+        config.memory_reserve, only=accelerator.device if distributed else None, max_memory=config.max_memory
+    )
     placement = plan_for(base_path, lora, budgets, dtype)
     model = load_base(base_path, placement, dtype, offload_folder=out / "offload")
     if config.gradient_checkpointing:

@@ -152,16 +152,26 @@ def _hf_device_map(model: nn.Module) -> dict | None:
 # ---------------------------------------------------------------------------------------------
 
 def rerun_with_device_check(probe: Probe, snapshot):
-    """Re-run the innermost failing module under DeviceCheckMode; return (mismatch, mode) or (None, mode).
+    """Re-run the failing call under DeviceCheckMode; return (mismatch or None, mode).
 
-    Runs without grad and with a forked RNG, so nothing the user's program kept is changed beyond what
-    the original call already did. A failure here is swallowed: the user's error is what matters.
+    The outermost call is re-run first, so tensors made anywhere on the way (e.g. in the root's
+    forward) get an origin; the innermost call is the fallback when that doesn't reproduce. Runs
+    without grad and with a forked RNG. A failure here is swallowed: the user's error is what matters.
     """
-    frame = snapshot.stack[-1]
+    last_mode = None
+    for depth in dict.fromkeys((0, len(snapshot.stack) - 1)):
+        mismatch, last_mode = _rerun_frame(probe, snapshot, depth)
+        if mismatch is not None:
+            return mismatch, last_mode
+    return None, last_mode
+
+
+def _rerun_frame(probe: Probe, snapshot, depth: int):
+    frame = snapshot.stack[depth]
     fake_mode = _fake_mode_of(frame)
     mode = DeviceCheckMode(probe.current_path)
     saved_stack, saved_snapshot, saved_track = probe.stack, probe.snapshot, probe.track_backward
-    probe.stack = list(snapshot.stack[:-1])
+    probe.stack = list(snapshot.stack[:depth])
     probe.track_backward = False
     try:
         with contextlib.ExitStack() as stack:
@@ -173,8 +183,8 @@ def rerun_with_device_check(probe: Probe, snapshot):
             frame.module(*frame.args, **frame.kwargs)
     except DeviceMismatchDetected:
         pass
-    except Exception as exc:  # the re-run failing differently still tells nothing wrong about devices
-        probe._record_error("diagnostic re-run", exc)
+    except Exception as exc:  # failing differently tells nothing about devices
+        probe._record_error(f"diagnostic re-run of {frame.path or type(frame.module).__name__}", exc)
     finally:
         probe.stack, probe.snapshot, probe.track_backward = saved_stack, saved_snapshot, saved_track
     return mode.mismatch, mode

@@ -140,7 +140,9 @@ def _render_failure(console, failure: dict, ranks: list[str]) -> None:
     if module:
         where = module.get("op_module") or module["path"]
         cls = module["class"]
-        lines.append(f"[bold]module[/]   {escape(where or module.get('root') or cls)}  [dim]({escape(cls)})[/]")
+        root = module.get("root")
+        shown = f"{root} › {where}" if root and where else (where or root or cls)
+        lines.append(f"[bold]module[/]   {escape(shown)}  [dim]({escape(cls)})[/]")
     op = failure.get("op")
     if op:
         lines.append(f"[bold]op[/]       {escape(op['name'])}, argument [bold]{escape(op['argument'])}[/] on {escape(op['offending_device'])} "

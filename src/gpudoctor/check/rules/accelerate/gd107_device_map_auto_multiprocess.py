@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from gpudoctor.check import apis
+from gpudoctor.check.facts import FileFacts, IfFrame, call_arg, name_key
+from gpudoctor.check.finding import Severity
+from gpudoctor.check.queries import snippet, trained_models
+from gpudoctor.check.rule import Rule
+
+# An ``if`` that picks the map per launch mode: the author already handles several processes.
+_LAUNCH_TEST = re.compile(r"rank|world|ddp|distributed|process|num_gpus|device_count", re.IGNORECASE)
+
+
+class DeviceMapAutoMultiprocess(Rule):
+    """``device_map="auto"`` (or balanced/sequential/an inferred map) in a file launched as several
+    processes: every rank spreads its own copy over all visible GPUs, and training it raises in
+    ``prepare``/``trainer.train()``."""
+
+    code = "GD107"
+    name = "device-map-auto-multiprocess"
+    summary = 'device_map="auto" in a script launched with several processes (each rank spreads a copy over all GPUs)'
+    triggers = ("device_map",)
+
+    def check(self, facts: FileFacts):
+        hints = facts.launch_hints
+        if not hints:
+            return
+        why = ", ".join(f"`{h}`" for h in hints[:3])
+        trained = {id(node) for node, _site, _how in trained_models(facts)}
+        trained_keys = {name_key(node) for node, _site, _how in trained_models(facts)} - {None}
+        for site in facts.calls:
+            q = site.qualname
+            if q is None:
+                continue
+            owner_method = apis.hf_class_method(q)
+            is_load = bool(owner_method and owner_method[1] == "from_pretrained" and apis.is_model_class(owner_method[0]))
+            if not (is_load or q == "accelerate.load_checkpoint_and_dispatch"):
+                continue
+            expr = call_arg(site.node, keyword="device_map")
+            if expr is None:
+                continue
+            device_map = facts.device_map(expr, site.order, site.scope)
+            if device_map is None or device_map.strategy != "auto":
+                continue
+            if self._chosen_per_launch(facts, site, expr):
+                continue
+            label = device_map.label or snippet(facts, expr)
+            bound = [b for b in facts._bindings_of_value(site.node) if b.kind == "assign"]
+            is_trained = any(b.key in trained_keys for b in bound) or id(site.node) in trained
+            if prepared_or_trained := is_trained or self._prepared(facts, bound):
+                effect = (
+                    "and training it raises \"ValueError: You can't train a model that has been loaded with "
+                    "`device_map='auto'` in any distributed mode.\" in `accelerator.prepare`/`trainer.train()`"
+                )
+            else:
+                effect = "so N processes each hold a full copy spread over the same GPUs (OOM or contention)"
+            yield self.report(
+                expr,
+                f"`device_map={label}` in a file that runs as several processes ({why}): every rank computes its own "
+                "map over all visible GPUs and places a whole copy there, " + effect + ".",
+                fix_hint='Give each process one full copy on its own GPU: `device_map={"": PartialState().process_index}` '
+                "(from accelerate), or keep `device_map=\"auto\"` and launch one process.",
+                severity=Severity.ERROR if prepared_or_trained else Severity.WARNING,
+            )
+
+    @staticmethod
+    def _prepared(facts: FileFacts, bound) -> bool:
+        keys = {b.key for b in bound}
+        for site in facts.prepare_calls():
+            for arg in site.node.args:
+                if name_key(arg.value) in keys:
+                    return True
+        return False
+
+    @staticmethod
+    def _chosen_per_launch(facts: FileFacts, site, expr: cst.BaseExpression) -> bool:
+        """The map (or the load) depends on the launch mode: an ``if`` on rank/world size, or a name bound twice."""
+        frames = list(site.context)
+        key = name_key(expr)
+        if key is not None:
+            binding = facts.binding_at(key, site.order, site.scope)
+            if binding is None:
+                return True
+            frames += list(binding.context)
+            scope_bindings = binding.scope.bindings.get(key, [])
+            if len([b for b in scope_bindings if b.kind != "param"]) > 1:
+                return True
+            if any(b.kind == "param" for b in scope_bindings):
+                return True
+        return any(
+            isinstance(f, IfFrame) and _LAUNCH_TEST.search(facts.module.code_for_node(f.test)) for f in frames
+        )

@@ -1,0 +1,188 @@
+"""Questions the training-loop rules (GD4xx) share: which loop a call runs in, what a loop reaches
+through the file's own helper functions, whether a call is guarded by a gradient-accumulation test."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, Optional
+
+import libcst as cst
+
+from gpudoctor.check import apis
+from gpudoctor.check.facts import CallSite, FileFacts, FunctionFrame, IfFrame, LoopFrame, Scope, name_key
+
+_OPTIMIZER_NAME = re.compile(r"(^|[._])(opt|optim|optimizer|optimiser)s?(_\w+)?$|optimizer", re.IGNORECASE)
+_SCHEDULER_NAME = re.compile(r"sched", re.IGNORECASE)
+_ACCUM_WORD = re.compile(r"accum|grad_acc|accumulat", re.IGNORECASE)
+
+
+def innermost_loop(site) -> Optional[LoopFrame]:
+    for frame in reversed(site.context):
+        if isinstance(frame, LoopFrame):
+            return frame
+        if isinstance(frame, FunctionFrame):
+            return None  # a loop outside the function does not run the function's body per iteration
+    return None
+
+
+def in_loop(site, loop: LoopFrame) -> bool:
+    return any(f is loop for f in site.context)
+
+
+def frames_inside(site, loop: Optional[LoopFrame]) -> list:
+    """The frames of ``site`` nested inside ``loop`` (all frames when loop is None)."""
+    if loop is None:
+        return list(site.context)
+    for i, frame in enumerate(site.context):
+        if frame is loop:
+            return list(site.context[i + 1 :])
+    return []
+
+
+def is_accumulation_test(facts: FileFacts, test: cst.BaseExpression) -> bool:
+    """``(step + 1) % accum == 0``, ``step % args.gradient_accumulation_steps == 0``, ``if accumulate_done:``."""
+    text = facts.module.code_for_node(test)
+    if _ACCUM_WORD.search(text):
+        return True
+    return _has_modulo(test)
+
+
+def _has_modulo(node: cst.CSTNode) -> bool:
+    if isinstance(node, cst.BinaryOperation):
+        if isinstance(node.operator, cst.Modulo) and not isinstance(node.left, (cst.SimpleString, cst.FormattedString)):
+            return True
+        return _has_modulo(node.left) or _has_modulo(node.right)
+    if isinstance(node, cst.Comparison):
+        return _has_modulo(node.left) or any(_has_modulo(c.comparator) for c in node.comparisons)
+    if isinstance(node, cst.BooleanOperation):
+        return _has_modulo(node.left) or _has_modulo(node.right)
+    if isinstance(node, cst.UnaryOperation):
+        return _has_modulo(node.expression)
+    return False
+
+
+def accumulation_guard(facts: FileFacts, site, loop: Optional[LoopFrame]) -> Optional[IfFrame]:
+    for frame in frames_inside(site, loop):
+        if isinstance(frame, IfFrame) and is_accumulation_test(facts, frame.test):
+            return frame
+    return None
+
+
+def receiver_kind(facts: FileFacts, site: CallSite) -> str:
+    if site.receiver is None:
+        return "unknown"
+    return facts.value(site.receiver, site.order, site.scope).kind
+
+
+def is_optimizer_call(facts: FileFacts, site: CallSite) -> bool:
+    """``optimizer.step()`` / ``opt.zero_grad()``: the receiver evaluates to an optimizer, or is named like one."""
+    if site.receiver is None:
+        return False
+    kind = receiver_kind(facts, site)
+    if kind == "optimizer":
+        return True
+    if kind != "unknown":
+        return False
+    text = _receiver_text(site.receiver)
+    return bool(text and _OPTIMIZER_NAME.search(text)) and not _SCHEDULER_NAME.search(text)
+
+
+def is_scheduler_call(facts: FileFacts, site: CallSite) -> bool:
+    if site.receiver is None:
+        return False
+    kind = receiver_kind(facts, site)
+    if kind == "scheduler":
+        return True
+    if kind != "unknown":
+        return False
+    text = _receiver_text(site.receiver)
+    return bool(text and _SCHEDULER_NAME.search(text.split(".")[-1]))
+
+
+def _receiver_text(node: cst.CSTNode) -> Optional[str]:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        head = _receiver_text(node.value)
+        return f"{head}.{node.attr.value}" if head else node.attr.value
+    return None
+
+
+def receiver_key(site: CallSite) -> Optional[str]:
+    return name_key(site.receiver) if site.receiver is not None else None
+
+
+def is_backward(facts: FileFacts, site: CallSite) -> bool:
+    """``loss.backward()``, ``scaler.scale(loss).backward()``, ``accelerator.backward(loss)``, ``torch.autograd.backward``."""
+    if site.qualname == "torch.autograd.backward":
+        return True
+    return site.method == "backward" and site.qualname is None and site.receiver is not None
+
+
+# -------------------------------------------------------------------- helper functions
+
+
+def local_functions(facts: FileFacts) -> dict[str, list[Scope]]:
+    cached = getattr(facts, "_gd4_functions", None)
+    if cached is None:
+        cached = {}
+        for scope in facts.functions:
+            cached.setdefault(scope.name, []).append(scope)
+        facts._gd4_functions = cached
+    return cached
+
+
+def calls_in_function(facts: FileFacts, scope: Scope) -> list[CallSite]:
+    index = getattr(facts, "_gd4_calls_by_function", None)
+    if index is None:
+        index = {}
+        for site in facts.calls:
+            for frame in site.context:
+                if isinstance(frame, FunctionFrame):
+                    index.setdefault(id(frame.scope), []).append(site)
+        facts._gd4_calls_by_function = index
+    return index.get(id(scope), [])
+
+
+def callee_scopes(facts: FileFacts, site: CallSite) -> list[Scope]:
+    """The file's own functions a call may run: ``helper(...)``, ``self.helper(...)``."""
+    functions = local_functions(facts)
+    func = site.node.func
+    if isinstance(func, cst.Name) and site.qualname is None:
+        return [s for s in functions.get(func.value, ()) if s.class_name is None or s.parent is facts.module_scope]
+    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+        return [s for s in functions.get(func.attr.value, ()) if s.class_name and s.class_name == site.scope.class_name]
+    return []
+
+
+def reach(facts: FileFacts, loop: LoopFrame, depth: int = 2) -> list[tuple[CallSite, Optional[CallSite]]]:
+    """Calls that run in ``loop``: (call, the loop's call into a helper that runs it, or None when direct)."""
+    out: list[tuple[CallSite, Optional[CallSite]]] = []
+    direct = [c for c in facts.calls if loop.order < c.order <= loop.end_order and in_loop(c, loop)]
+    seen: set[int] = set()
+    for site in direct:
+        out.append((site, None))
+        _descend(facts, site, site, depth, out, seen)
+    return out
+
+
+def _descend(facts, site, via, depth, out, seen) -> None:
+    if depth <= 0:
+        return
+    for scope in callee_scopes(facts, site):
+        if id(scope) in seen:
+            continue
+        seen.add(id(scope))
+        for inner in calls_in_function(facts, scope):
+            out.append((inner, via))
+            _descend(facts, inner, via, depth - 1, out, seen)
+
+
+def trainer_in_file(facts: FileFacts) -> bool:
+    return bool(facts.calls_to(*apis.TRAINERS))
+
+
+def first(iterable: Iterable):
+    for item in iterable:
+        return item
+    return None

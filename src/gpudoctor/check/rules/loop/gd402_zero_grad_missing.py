@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import re
+
+from gpudoctor.check.facts import FileFacts
+from gpudoctor.check.queries import snippet
+from gpudoctor.check.rule import Rule
+from gpudoctor.check.rules.loop._common import in_loop, innermost_loop, is_backward, is_optimizer_call
+
+# Any way of clearing gradients we know of; when one appears anywhere in the file we stay silent.
+_CLEARS = re.compile(
+    r"zero_grad|set_to_none|\.grad\s*=\s*None|\.grad(\.data)?\.zero_\(|\.grad(\.data)?\.fill_\(|\.grad\s*=\s*torch\.zeros"
+    r"|\.grad\s*\*=\s*0|grad\.detach_\(\)\.zero_|\.grad\s*=\s*0"
+)
+
+
+class ZeroGradMissing(Rule):
+    """A loop calls ``backward()`` and ``optimizer.step()`` but nothing in the file ever clears the
+    gradients: they accumulate over every iteration, so each update uses the sum of all past gradients."""
+
+    code = "GD402"
+    name = "zero-grad-missing"
+    summary = "A training loop calls backward() and optimizer.step() but gradients are never zeroed"
+    triggers = ("backward",)
+
+    def check(self, facts: FileFacts):
+        if _CLEARS.search(facts.source):
+            return
+        for step in facts.method_calls("step"):
+            loop = innermost_loop(step)
+            if loop is None or not is_optimizer_call(facts, step):
+                continue
+            backward = next(
+                (c for c in facts.calls if in_loop(c, loop) and is_backward(facts, c) and innermost_loop(c) is loop), None
+            )
+            if backward is None:
+                continue
+            yield self.report(
+                step.node,
+                f"`{snippet(facts, step.node)}` runs in a loop that calls `{snippet(facts, backward.node)}`, but the "
+                "gradients are never zeroed (no `zero_grad()` anywhere in the file): backward() adds to `.grad`, so "
+                "every update uses the sum of all gradients since the start and training diverges.",
+                fix_hint="Call `optimizer.zero_grad()` after `optimizer.step()` (or at the start of each iteration).",
+            )

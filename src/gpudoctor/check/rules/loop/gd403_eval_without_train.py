@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+from gpudoctor.check.facts import FileFacts, is_true
+from gpudoctor.check.queries import snippet
+from gpudoctor.check.rule import Rule
+from gpudoctor.check.rules.loop._common import is_backward, reach, receiver_kind
+
+_NOT_MODULES = {"trainer", "accelerator", "optimizer", "scheduler", "dataloader", "tokenizer", "training_args"}
+
+
+def is_eval_call(facts: FileFacts, site) -> bool:
+    if site.receiver is None or site.qualname is not None:
+        return False
+    if site.method == "eval" and not site.node.args:
+        return receiver_kind(facts, site) not in _NOT_MODULES
+    if site.method == "train" and len(site.node.args) == 1:
+        arg = site.node.args[0].value
+        return getattr(arg, "value", None) == "False" and receiver_kind(facts, site) not in _NOT_MODULES
+    return False
+
+
+def is_train_call(facts: FileFacts, site) -> bool:
+    if site.method != "train" or site.receiver is None or site.qualname is not None:
+        return False
+    args = site.node.args
+    if len(args) > 1 or (args and not is_true(args[0].value) and args[0].keyword is None and getattr(args[0].value, "value", None) == "False"):
+        return False
+    return receiver_kind(facts, site) not in _NOT_MODULES
+
+
+class EvalWithoutTrain(Rule):
+    """``model.eval()`` inside the loop that trains, with no ``model.train()`` anywhere in that loop
+    (directly or in the helpers it calls): every training step after the first evaluation runs in
+    eval mode, with dropout off and batch-norm statistics frozen."""
+
+    code = "GD403"
+    name = "eval-without-train"
+    summary = "model.eval() inside the training loop is never undone by model.train()"
+    triggers = (".eval()", ".train(False)")
+
+    def check(self, facts: FileFacts):
+        reported: set[int] = set()
+        for loop in facts.loops:
+            reached = reach(facts, loop)
+            if not any(is_backward(facts, c) for c, _ in reached):
+                continue
+            if any(is_train_call(facts, c) for c, _ in reached):
+                continue
+            trained = self._trained_keys(facts, [c for c, _ in reached])
+            for site, via in reached:
+                if not is_eval_call(facts, site):
+                    continue
+                node = via.node if via is not None else site.node
+                if id(node) in reported:
+                    continue
+                key = snippet(facts, site.receiver)
+                if trained and key not in trained and not key.startswith("self."):
+                    continue  # e.g. a frozen teacher that stays in eval mode on purpose
+                reported.add(id(node))
+                where = f" (in `{snippet(facts, via.node.func)}`)" if via is not None else ""
+                yield self.report(
+                    node,
+                    f"`{snippet(facts, site.node)}`{where} runs inside the loop that trains, and nothing in that loop "
+                    "calls `.train()` again: every later training step runs in eval mode (dropout off, batch-norm "
+                    "statistics frozen, and gradient checkpointing in transformers models skipped).",
+                    fix_hint=f"Call `{key}.train()` at the start of each training epoch/step, or after the evaluation.",
+                )
+
+    @staticmethod
+    def _trained_keys(facts: FileFacts, calls) -> set[str]:
+        """Names called like a model (``model(x)``) in the loop: the modules being trained."""
+        keys = set()
+        for site in calls:
+            func = site.node.func
+            if site.method is None and site.qualname is None:
+                text = facts.module.code_for_node(func)
+                keys.add(text)
+            elif site.method == "forward" and site.receiver is not None:
+                keys.add(facts.module.code_for_node(site.receiver))
+        return keys

@@ -1,0 +1,1 @@
+"""GD6xx: device placement in user code (tensors, buffers, submodules, optimizers, wrappers)."""

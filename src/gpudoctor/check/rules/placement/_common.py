@@ -1,0 +1,318 @@
+"""Shared questions of the placement family (GD6xx). No torch import: everything is read from the CST."""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+import libcst as cst
+
+from gpudoctor.check import apis
+from gpudoctor.check.facts import FileFacts, Scope, call_arg, name_key, string_value
+
+# torch functions that allocate a new tensor on the default device (CPU) unless ``device=`` is given.
+CREATION = {
+    "torch.zeros", "torch.ones", "torch.empty", "torch.full", "torch.arange", "torch.range", "torch.linspace",
+    "torch.logspace", "torch.eye", "torch.rand", "torch.randn", "torch.randint", "torch.randperm", "torch.tensor",
+    "torch.as_tensor", "torch.from_numpy", "torch.tril_indices", "torch.triu_indices", "torch.normal",
+    "torch.FloatTensor", "torch.LongTensor", "torch.Tensor", "torch.BoolTensor", "torch.IntTensor",
+}
+# Methods that give a tensor on the same device as the receiver (the CPU-ness propagates).
+SAME_DEVICE_METHODS = {
+    "unsqueeze", "squeeze", "view", "reshape", "expand", "expand_as", "repeat", "float", "long", "int", "bool",
+    "half", "bfloat16", "double", "transpose", "permute", "flatten", "contiguous", "clone", "detach", "t", "T",
+    "tril", "triu", "masked_fill", "fill_", "unbind", "chunk", "split", "flip", "cumsum", "sum", "mean", "exp",
+    "log", "sqrt", "pow", "abs", "neg", "sin", "cos", "type", "view_as",
+}
+# Methods whose result no longer is a tensor mixed into device code.
+INERT_METHODS = {"item", "tolist", "numpy", "size", "dim", "numel", "shape", "dtype", "device", "ndim", "nelement"}
+# Methods that place the tensor: its CPU creation is harmless.
+PLACING_METHODS = {"to", "cuda", "type_as", "xpu", "npu", "mps", "pin_memory"}
+# Builtins that take a tensor without mixing it with another device.
+INERT_CALLS = {"len", "int", "float", "bool", "print", "str", "repr", "isinstance", "type", "range", "list", "tuple",
+               "enumerate", "zip", "id", "hash", "min", "max", "abs", "round", "getattr", "hasattr"}
+# Names of torch functions that do not take tensors on devices (or take shapes).
+_TORCH_NOT_MIXING = {"torch.Size", "torch.device", "torch.no_grad", "torch.is_tensor", "torch.numel",
+                     "torch.manual_seed", "torch.set_grad_enabled", "torch.save", "torch.load"}
+
+
+def creation_qualname(facts: FileFacts, call: cst.CSTNode) -> Optional[str]:
+    """``torch.zeros(3)`` without ``device=`` -> "torch.zeros"; anything else -> None."""
+    if not isinstance(call, cst.Call):
+        return None
+    q = facts.qualname(call.func)
+    if q not in CREATION:
+        return None
+    if call_arg(call, keyword="device") is not None:
+        return None
+    if any(a.star for a in call.args):
+        return None
+    return q
+
+
+def is_scalar_tensor(facts: FileFacts, call: cst.Call) -> bool:
+    """``torch.tensor(2.0)``: a 0-dim CPU tensor mixes with CUDA tensors without error."""
+    q = facts.qualname(call.func)
+    if q in ("torch.tensor", "torch.as_tensor"):
+        first = call_arg(call, 0, "data")
+        return not isinstance(first, (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp))
+    if q == "torch.from_numpy":
+        return True  # numpy scalars/arrays: unknown rank, stay silent
+    if q in ("torch.zeros", "torch.ones", "torch.empty", "torch.rand", "torch.randn"):
+        first = call_arg(call, 0)
+        if isinstance(first, cst.Tuple) and not first.elements:
+            return True  # torch.zeros(())
+        if first is None and call_arg(call, keyword="size") is None:
+            return True
+    return False
+
+
+def file_sets_default_device(facts: FileFacts) -> bool:
+    return bool(facts.calls_to("torch.set_default_device", "torch.set_default_tensor_type"))
+
+
+# ------------------------------------------------------------------------------------ nn.Module classes
+
+
+def class_defs(facts: FileFacts) -> Iterator[cst.ClassDef]:
+    stack: list[cst.CSTNode] = list(facts.module.body)
+    while stack:
+        node = stack.pop(0)
+        if isinstance(node, cst.ClassDef):
+            yield node
+            stack.extend(node.body.body if isinstance(node.body, cst.IndentedBlock) else ())
+        elif isinstance(node, (cst.FunctionDef, cst.If, cst.Try)):
+            body = node.body
+            stack.extend(body.body if isinstance(body, cst.IndentedBlock) else ())
+
+
+_MODULE_BASES = ("torch.nn.Module",)
+
+
+def module_classes(facts: FileFacts) -> dict[str, cst.ClassDef]:
+    """Classes of the file that are ``nn.Module`` subclasses (directly, through HF models, or a local base)."""
+    cached = getattr(facts, "_gd6_module_classes", None)
+    if cached is not None:
+        return cached
+    classes = {c.name.value: c for c in class_defs(facts)}
+    found: dict[str, cst.ClassDef] = {}
+    changed = True
+    while changed:
+        changed = False
+        for name, node in classes.items():
+            if name in found:
+                continue
+            for base in node.bases:
+                q = facts.qualname(base.value)
+                local = name_key(base.value)
+                if (
+                    q in _MODULE_BASES
+                    or (q and q.startswith("torch.nn.") and q.split(".")[-1] in ("Sequential", "ModuleList", "ModuleDict"))
+                    or (q and q.split(".")[0] == "transformers" and (q.endswith("PreTrainedModel") or apis.is_model_class(q.split(".")[-1])))
+                    or (local in found)
+                ):
+                    found[name] = node
+                    changed = True
+                    break
+    facts._gd6_module_classes = found
+    return found
+
+
+def method_scopes(facts: FileFacts, class_name: str) -> list[Scope]:
+    return [s for s in facts.functions if s.parent is not None and s.parent.kind == "class" and s.parent.name == class_name]
+
+
+def is_module_constructor(facts: FileFacts, node: Optional[cst.CSTNode]) -> Optional[str]:
+    """``nn.Linear(...)`` / ``MyBlock(...)`` -> a short name; else None."""
+    if not isinstance(node, cst.Call):
+        return None
+    q = facts.qualname(node.func)
+    if q:
+        parts = q.split(".")
+        if (parts[:2] == ["torch", "nn"] and len(parts) == 3 and parts[2][:1].isupper()
+                and parts[2] not in ("Parameter", "Buffer", "init")):
+            return q.replace("torch.nn.", "nn.")
+        if (parts[:3] == ["torch", "nn", "modules"]) and parts[-1][:1].isupper():
+            return "nn." + parts[-1]
+        return None
+    if isinstance(node.func, cst.Name) and node.func.value in module_classes(facts):
+        return node.func.value
+    return None
+
+
+# ------------------------------------------------------------------------------------ parents and mixing
+
+
+def parents(facts: FileFacts, root: cst.CSTNode) -> dict[int, cst.CSTNode]:
+    """id(child) -> parent for every node under ``root`` (cached per root)."""
+    cache = getattr(facts, "_gd6_parents", None)
+    if cache is None:
+        cache = facts._gd6_parents = {}
+    found = cache.get(id(root))
+    if found is not None:
+        return found
+    found = {}
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        for child in node.children:
+            found[id(child)] = node
+            stack.append(child)
+    cache[id(root)] = found
+    return found
+
+
+def _literal_number(node: cst.CSTNode) -> bool:
+    if isinstance(node, (cst.Integer, cst.Float, cst.Imaginary)):
+        return True
+    if isinstance(node, cst.UnaryOperation):
+        return _literal_number(node.expression)
+    return False
+
+
+def mixing_use(facts: FileFacts, node: cst.CSTNode, root: cst.CSTNode, depth: int = 0) -> Optional[cst.CSTNode]:
+    """Where the tensor ``node`` evaluates to meets other tensors (device checks happen), following
+    same-device views; None when it is placed, only indexes, is reduced to Python values, or is unknown.
+
+    ``root`` is the enclosing function (names are followed inside it only).
+    """
+    if depth > 6:
+        return None
+    up = parents(facts, root)
+    child, parent = node, up.get(id(node))
+    while parent is not None:
+        if isinstance(parent, (cst.Arg, cst.Element, cst.StarredElement)) and not isinstance(parent, cst.Arg):
+            child, parent = parent, up.get(id(parent))
+            continue
+        if isinstance(parent, (cst.List, cst.Tuple)):
+            # [a, b] as an argument: look at what takes the list
+            child, parent = parent, up.get(id(parent))
+            continue
+        break
+    if parent is None:
+        return None
+    if isinstance(parent, cst.Attribute) and parent.value is child:
+        attr = parent.attr.value
+        call = up.get(id(parent))
+        if attr in PLACING_METHODS or attr in INERT_METHODS:
+            return None
+        if isinstance(call, cst.Call) and call.func is parent:
+            others = [a.value for a in call.args]
+            if attr in SAME_DEVICE_METHODS and not any(_is_tensor_like_expr(facts, o) for o in others):
+                return mixing_use(facts, call, root, depth + 1)
+            if others and any(_is_tensor_like_expr(facts, o) for o in others):
+                return call  # m.masked_fill_(x > 0, ...), m.add(x)
+            return mixing_use(facts, call, root, depth + 1)
+        return None  # m.T, m.shape ...
+    if isinstance(parent, cst.BinaryOperation):
+        other = parent.right if parent.left is child else parent.left
+        if _literal_number(other):
+            return mixing_use(facts, parent, root, depth + 1)
+        if creation_qualname(facts, other):
+            return None
+        return parent
+    if isinstance(parent, cst.Comparison):
+        return None  # masks from comparisons: their use is followed elsewhere
+    if isinstance(parent, cst.Arg):
+        call = up.get(id(parent))
+        if not isinstance(call, cst.Call):
+            return None
+        q = facts.qualname(call.func)
+        simple = call.func.value if isinstance(call.func, cst.Name) else None
+        if simple in INERT_CALLS or q in _TORCH_NOT_MIXING:
+            return None
+        if q and q in CREATION:
+            return None
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("register_buffer", "append", "extend", "__setitem__"):
+            return None
+        if q and (q.startswith("torch.") or q.startswith("einops")):
+            return call  # torch.cat([x, m]), F.embedding(m, w), torch.where(...)
+        key = name_key(call.func)
+        if key and key.startswith("self."):
+            return call  # self.embed(m): the submodule's weights are on the model's device
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in SAME_DEVICE_METHODS | {
+            "add", "add_", "mul", "mul_", "sub", "div", "masked_fill_", "masked_fill", "matmul", "bmm", "mm",
+            "copy_", "index_select", "gather", "scatter", "scatter_add", "where", "lerp",
+        }:
+            return call  # x.masked_fill(m, ...), x.add(m)
+        return None
+    if isinstance(parent, cst.Assign) and parent.value is child and len(parent.targets) == 1:
+        key = name_key(parent.targets[0].target)
+        if key is None or key.startswith("self."):
+            return None
+        return _first_mixing_load(facts, key, parent, root, depth)
+    return None
+
+
+def _first_mixing_load(facts: FileFacts, key: str, assign: cst.Assign, root: cst.CSTNode, depth: int) -> Optional[cst.CSTNode]:
+    """The loads of ``key`` inside ``root`` after ``assign``; None as soon as the name is placed."""
+    loads = _loads_in(facts, key, root)
+    start = _first_position(facts, assign.value)
+    later = [n for n in loads if _first_position(facts, n) > start]
+    for load in later:
+        if _placed_here(facts, load, root):
+            return None  # m = m.to(x.device) / m.to(x) somewhere: treat the name as handled
+    for load in later:
+        found = mixing_use(facts, load, root, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def _placed_here(facts: FileFacts, load: cst.CSTNode, root: cst.CSTNode) -> bool:
+    up = parents(facts, root)
+    parent = up.get(id(load))
+    return isinstance(parent, cst.Attribute) and parent.value is load and parent.attr.value in PLACING_METHODS
+
+
+def _loads_in(facts: FileFacts, key: str, root: cst.CSTNode) -> list[cst.CSTNode]:
+    out = []
+    for _, node, _scope in facts.name_loads.get(key, ()):
+        if id(node) in parents(facts, root):
+            out.append(node)
+    return out
+
+
+def _first_position(facts: FileFacts, node: cst.CSTNode) -> int:
+    pos = facts._node_position.get(id(node))
+    if pos is not None:
+        return pos[0]
+    site = facts.call_site(node) if isinstance(node, cst.Call) else None
+    if site is not None:
+        return site.order
+    for child in node.children:
+        p = _first_position(facts, child)
+        if p >= 0:
+            return p
+    return -1
+
+
+def _is_tensor_like_expr(facts: FileFacts, node: cst.CSTNode) -> bool:
+    """Anything that may be a tensor (not a literal number, string, None, True/False)."""
+    if _literal_number(node) or isinstance(node, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)):
+        return False
+    if isinstance(node, cst.Name) and node.value in ("None", "True", "False"):
+        return False
+    if isinstance(node, cst.Comparison):
+        return True
+    q = facts.qualname(node)
+    if q and (q.startswith("torch.float") or q.startswith("torch.int") or q in ("torch.bool", "torch.long")):
+        return False
+    return True
+
+
+# ------------------------------------------------------------------------------------ placement of models
+
+
+def moves_to_accelerator(facts: FileFacts) -> Optional[str]:
+    """Evidence in the file that something is put on an accelerator (for severity)."""
+    for site in facts.calls:
+        if site.method == "cuda":
+            return "`.cuda()`"
+        if site.method == "to" or site.qualname == "torch.device":
+            for arg in site.node.args:
+                text = string_value(arg.value)
+                if text and text.split(":")[0] in ("cuda", "mps", "xpu", "npu"):
+                    return f"`{text}`"
+    if "device_map" in facts.source:
+        return "`device_map=`"
+    return None
