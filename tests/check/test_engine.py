@@ -19,6 +19,7 @@ BACKWARD = textwrap.dedent(
         loss = model(batch).sum()
         loss.backward(){suffix}
         optimizer.step()
+        optimizer.zero_grad()
     """
 )
 

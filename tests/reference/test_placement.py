@@ -62,21 +62,10 @@ def test_cpu_only_machine_puts_everything_on_cpu_and_says_so(blocks):
     assert "every block on cpu" in placement.describe()[0]
 
 
-def test_budget_that_forces_offload_keeps_trained_blocks_on_gpus(tiny_checkpoint, blocks):
-    from accelerate import infer_auto_device_map, init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from gpudoctor.reference.model import add_lora
-
+def test_budget_that_forces_offload_keeps_trained_blocks_on_gpus(blocks):
     layer = sizes(blocks)["model.layers.0"]
     budgets = {0: layer, 1: layer, "cpu": BIG}  # room for one decoder layer per GPU, nothing else
-
-    # accelerate's own map, with the same budgets, offloads a block that LoRA trains.
-    with init_empty_weights():
-        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_checkpoint))
-    skeleton = add_lora(skeleton, lora_config()).get_base_model()
-    theirs = infer_auto_device_map(skeleton, max_memory=budgets, no_split_module_classes=["LlamaDecoderLayer"])
-    assert any(theirs.get(f"model.layers.{i}") == "cpu" for i in range(2))
+    assert sum(b.size for b in blocks) > budgets[0] + budgets[1]  # something has to leave the GPUs
 
     placement = plan_placement(blocks, budgets)
     assert placement.blocks["model.layers.0"] == 0 and placement.blocks["model.layers.1"] == 1
@@ -139,6 +128,7 @@ def test_tied_weights_share_a_device():
                          num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True)
     with init_empty_weights():
         model = LlamaForCausalLM(config)
+    model.tie_weights()
     for name, p in model.named_parameters():
         p.requires_grad = name.startswith("model.layers.1.")
     blocks = model_blocks(model, model._no_split_modules, torch.float32)

@@ -7,9 +7,10 @@ import pytest
 import torch
 import torch.nn as nn
 
+from gpudoctor.trace.frames import short_path
 from gpudoctor.virtual import VirtualGPUs, dispatch, fake_place
 
-from .conftest import cause_id, failure_of, tiny_llama
+from trace_helpers import cause_id, failure_of, tiny_llama
 
 THIS_FILE = os.path.abspath(__file__)
 
@@ -216,7 +217,7 @@ def test_tensor_created_in_forward_without_device():
     loc = created[0]["origin"]["location"]
     assert loc["file"] == THIS_FILE and "torch.ones(x.shape[0], 4)" in loc["code"]
     assert cause_id(report) == "tensor_created_in_forward"
-    assert f"{THIS_FILE}:{loc['line']}" in failure["cause"]["fix"]
+    assert f"{short_path(THIS_FILE)}:{loc['line']}" in failure["cause"]["fix"]
 
 
 def test_deep_mode_catches_meta_weight_cpu_kernels_accept():

@@ -8,8 +8,6 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.markdown import Markdown
-from rich.table import Table
 
 from gpudoctor.check import versions
 from gpudoctor.check.config import Config, ConfigError
@@ -54,19 +52,27 @@ def run_check(args) -> int:
     if args.fix or args.diff:
         from gpudoctor.check import fixes
 
-        result = fixes.run_fixes(args.paths, config, unsafe=args.unsafe_fixes, diff_only=args.diff, console=stdout)
+        result = fixes.run_fixes(
+            args.paths, config, unsafe=args.unsafe_fixes, diff_only=args.diff, console=stdout, jobs=jobs, use_cache=not args.no_cache
+        )
+        if args.diff:
+            return _report_diff(result, stderr)
     else:
         result = check_paths(args.paths, config, jobs=jobs, use_cache=not args.no_cache)
 
     findings = result.findings
     errors = result.errors
     checked = sum(1 for r in result.files if not r.error)
-    output = _render(args, findings, errors, checked, stdout)
+    output = _render(args, findings, errors, checked, stdout, files=[r.path for r in result.files if not r.error and not r.skipped])
     if output is not None:
         if args.output_file:
             Path(args.output_file).write_text(output, encoding="utf-8")
         else:
             sys.stdout.write(output if output.endswith("\n") else output + "\n")
+    if args.fix and not args.quiet:
+        # Machine-readable formats own stdout; the fix summary then goes to stderr.
+        summary_console = stdout if args.output_format == "text" and not args.output_file and not args.statistics else stderr
+        summary_console.print(_fixed_line(result), highlight=False)
     if errors and not findings:
         return EXIT_ERROR
     if args.exit_zero:
@@ -74,7 +80,33 @@ def run_check(args) -> int:
     return EXIT_FINDINGS if any(f.severity.fails for f in findings) else (EXIT_ERROR if errors else EXIT_CLEAN)
 
 
-def _render(args, findings, errors, checked, console: Console):
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def _fixed_line(result) -> str:
+    remaining = sum(1 for f in result.findings)
+    text = f"Fixed {_plural(result.fixed, 'finding')}"
+    if result.changed:
+        text += f" in {_plural(len(result.changed), 'file')}"
+    return f"[bold]{text}[/] ({remaining} remaining)."
+
+
+def _report_diff(result, stderr: Console) -> int:
+    """``--diff``: the diff went to stdout; say what would be fixed on stderr. Like ruff, exit 1 when
+    there is something to fix, 0 when there is nothing, 2 when a file could not be checked or fixed."""
+    for error in result.errors:
+        stderr.print(f"[bold red]error[/]: {error}", highlight=False)
+    if result.fixed:
+        stderr.print(f"Would fix {_plural(result.fixed, 'finding')} in {_plural(len(result.changed), 'file')}.", highlight=False)
+    else:
+        stderr.print("No fixes available.", highlight=False)
+    if result.errors:
+        return EXIT_ERROR
+    return EXIT_FINDINGS if result.fixed else EXIT_CLEAN
+
+
+def _render(args, findings, errors, checked, console: Console, files=()):
     fmt = args.output_format
     if args.statistics:
         from gpudoctor.report import text
@@ -105,6 +137,10 @@ def _render(args, findings, errors, checked, console: Console):
         from gpudoctor.report import json_report
 
         return json_report.render(findings, errors)
+    if fmt == "junit":
+        from gpudoctor.report import junit
+
+        return junit.render(findings, errors, files=files)
     import importlib
 
     module = importlib.import_module(f"gpudoctor.report.{fmt}")
@@ -114,6 +150,9 @@ def _render(args, findings, errors, checked, console: Console):
 def run_rule(args) -> int:
     from gpudoctor.check.docs import read_doc
     from gpudoctor.check.registry import all_rules, rule_by_code
+
+    from rich.markdown import Markdown
+    from rich.table import Table
 
     console = Console(highlight=False)
     if args.all or not args.code:

@@ -15,7 +15,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from gpudoctor.check.config import Config
-from gpudoctor.check.finding import Finding, Severity
+from gpudoctor.check.finding import Finding, Fix, Severity
 from gpudoctor.check.registry import select_rules
 from gpudoctor.check.rule import Rule
 
@@ -47,6 +47,8 @@ class FileResult:
 @dataclass
 class CheckResult:
     files: list[FileResult]
+    fixed: int = 0  # --fix: findings fixed (--diff: that would be)
+    changed: list[str] = field(default_factory=list)  # --fix: files written (--diff: that would be)
 
     @property
     def findings(self) -> list[Finding]:
@@ -220,16 +222,19 @@ def syntax_error_message(path: str, error: cst.ParserSyntaxError, source: str = 
     return f"{path}:{error.raw_line}:{error.raw_column + 1}: syntax error: {message}"
 
 
-def check_file(path: Path, config: Config, rules: Sequence[type[Rule]], display: Optional[str] = None) -> FileResult:
+def check_file(
+    path: Path, config: Config, rules: Sequence[type[Rule]], display: Optional[str] = None, data: Optional[bytes] = None
+) -> FileResult:
     shown = display or str(path)
     if path.suffix == ".ipynb":
         from gpudoctor.check.notebook import check_notebook
 
-        return check_notebook(path, config, rules, shown)
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        return FileResult(shown, error=f"{shown}: cannot read: {error.strerror or error}")
+        return check_notebook(path, config, rules, shown, data=data)
+    if data is None:
+        try:
+            data = path.read_bytes()
+        except OSError as error:
+            return FileResult(shown, error=f"{shown}: cannot read: {error.strerror or error}")
     if not is_relevant(data):
         return FileResult(shown, skipped=True)
     try:
@@ -246,29 +251,185 @@ def check_file(path: Path, config: Config, rules: Sequence[type[Rule]], display:
     return FileResult(shown, findings=findings)
 
 
-def check_paths(paths: Sequence[str], config: Optional[Config] = None, jobs: int = 1, use_cache: bool = False) -> CheckResult:
+def safe_check_file(path: Path, config: Config, rules: Sequence[type[Rule]], display: Optional[str] = None, data: Optional[bytes] = None) -> FileResult:
+    """``check_file`` that turns a crash inside a rule into an error for that file, not a dead run."""
+    try:
+        return check_file(path, config, rules, display, data)
+    except Exception as error:  # noqa: BLE001 - one broken file must not stop the others
+        shown = display or str(path)
+        return FileResult(shown, error=f"{shown}: internal error while checking ({type(error).__name__}: {error}); please report it")
+
+
+def strip_result(result: FileResult) -> FileResult:
+    """Plain data only: no libcst nodes (they do not cross processes or go to the cache); a fix keeps
+    its description and applicability (reports show it) but not its edits (only ``--fix`` needs them,
+    and it re-derives them from a fresh parse)."""
+    for finding in result.findings:
+        finding.node = None
+        if finding.fix is not None and finding.fix.edits:
+            finding.fix = Fix(finding.fix.description, finding.fix.applicability, (), finding.fix.imports)
+    return result
+
+
+# Below this many files to (re)check, a process pool costs more than it saves.
+PARALLEL_THRESHOLD = 8
+# Above this many files to (re)check, show a progress bar on a terminal.
+PROGRESS_THRESHOLD = 50
+
+
+def check_paths(
+    paths: Sequence[str],
+    config: Optional[Config] = None,
+    jobs: int = 1,
+    use_cache: bool = False,
+    progress: Optional[bool] = None,
+) -> CheckResult:
+    """Check files and folders: cached results for unchanged files, the rest in parallel over ``jobs``
+    processes. Findings come back as plain data (see :func:`strip_result`), in discovery order.
+
+    ``progress``: None shows a transient bar on stderr when it is a terminal and many files need work.
+    """
     config = config or Config()
     files, errors = discover(paths, config)
     rules = config.selected_rules()
-    results = [FileResult(e.split(":")[0], error=e) for e in errors]
-    if jobs > 1 and len(files) > 8:
-        from concurrent.futures import ProcessPoolExecutor
+    results: list[Optional[FileResult]] = [FileResult(e.split(":")[0], error=e) for e in errors]
+    store = None
+    if use_cache:
+        from gpudoctor.check.cache import Cache
 
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            results.extend(pool.map(_check_one, [(p, config) for p in files], chunksize=8))
-    else:
-        results.extend(check_file(p, config, rules) for p in files)
-    return CheckResult(results)
+        store = Cache.for_run(config, [r.code for r in rules])
+    todo: list[tuple[int, Path]] = []
+    for path in files:
+        index = len(results)
+        results.append(None)
+        if store is None:
+            todo.append((index, path))
+            continue
+        from gpudoctor.check.cache import digest
+
+        try:
+            data = path.read_bytes()
+        except OSError:
+            todo.append((index, path))  # check_file reports it
+            continue
+        if path.suffix != ".ipynb" and not is_relevant(data):
+            results[index] = FileResult(str(path), skipped=True)
+            continue
+        cached = store.get(path, digest(data), str(path))
+        if cached is not None:
+            results[index] = cached
+        else:
+            todo.append((index, path))
+
+    for index, (result, file_digest) in _run(todo, config, jobs, progress):
+        results[index] = result
+        if store is not None and file_digest is not None and not result.skipped:
+            store.put(files[index - len(errors)], file_digest, result)
+    if store is not None:
+        store.save()
+    return CheckResult([r for r in results if r is not None])
 
 
-def _check_one(args: tuple[Path, Config]) -> FileResult:
+def _run(todo: list[tuple[int, Path]], config: Config, jobs: int, progress: Optional[bool]):
+    """Yield (index, (FileResult, digest)) for every file in ``todo``, in any order."""
+    if not todo:
+        return
+    show = progress if progress is not None else (len(todo) > PROGRESS_THRESHOLD and sys.stderr.isatty())
+    bar = _Progress(len(todo)) if show else None
+    try:
+        if jobs > 1 and len(todo) > PARALLEL_THRESHOLD:
+            yield from _run_parallel(todo, config, jobs, bar)
+        else:
+            for index, path in todo:
+                yield index, _check_one((path, config))
+                if bar:
+                    bar.advance(1)
+    finally:
+        if bar:
+            bar.stop()
+
+
+def _run_parallel(todo: list[tuple[int, Path]], config: Config, jobs: int, bar):
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    jobs = min(jobs, len(todo))
+    # Small chunks keep the workers evenly loaded (file sizes vary a lot); large enough to amortise IPC.
+    size = max(1, min(16, len(todo) // (jobs * 4)))
+    chunks = [todo[i : i + size] for i in range(0, len(todo), size)]
+    done: set[int] = set()
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker, initargs=(config.target_versions,)) as pool:
+            # Submit everything before the progress bar's thread starts: the workers are forked then.
+            futures = {pool.submit(_check_chunk, [p for _, p in chunk], config): chunk for chunk in chunks}
+            if bar:
+                bar.start()
+            for future in as_completed(futures):
+                chunk = futures[future]
+                for (index, _), outcome in zip(chunk, future.result()):
+                    done.add(index)
+                    yield index, outcome
+                if bar:
+                    bar.advance(len(chunk))
+    except (BrokenProcessPool, OSError, RuntimeError):
+        # A worker died (out of memory, a crash in a C extension) or processes are unavailable here:
+        # finish what is left in this process.
+        for index, path in todo:
+            if index not in done:
+                yield index, _check_one((path, config))
+                if bar:
+                    bar.advance(1)
+
+
+def _init_worker(target_versions: dict[str, str]) -> None:
+    from gpudoctor.check import versions
+
+    versions.set_targets(target_versions)
+
+
+def _check_chunk(paths: list[Path], config: Config) -> list[tuple[FileResult, Optional[str]]]:
+    return [_check_one((path, config)) for path in paths]
+
+
+def _check_one(args: tuple[Path, Config]) -> tuple[FileResult, Optional[str]]:
+    """Check one file; return the plain-data result and the content digest it was computed for."""
+    from gpudoctor.check.cache import digest
+
     path, config = args
-    result = check_file(path, config, config.selected_rules())
-    for finding in result.findings:
-        finding.node = None  # libcst nodes do not need to cross the process boundary
-        if finding.fix is not None:
-            finding.fix = None if not config.keep_fixes else finding.fix
-    return result
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        return FileResult(str(path), error=f"{path}: cannot read: {error.strerror or error}"), None
+    result = safe_check_file(path, config, config.selected_rules(), data=data)
+    return strip_result(result), digest(data)
+
+
+class _Progress:
+    """A transient rich progress bar on stderr."""
+
+    def __init__(self, total: int) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._progress = Progress(
+            TextColumn("[bold]checking"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+            console=Console(stderr=True), transient=True,
+        )
+        self._task = self._progress.add_task("check", total=total)
+        self._started = False
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            self._progress.start()
+
+    def advance(self, n: int) -> None:
+        self.start()
+        self._progress.advance(self._task, n)
+
+    def stop(self) -> None:
+        if self._started:
+            self._progress.stop()
 
 
 def count_by_severity(findings: Iterable[Finding]) -> dict[Severity, int]:

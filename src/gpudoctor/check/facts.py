@@ -131,6 +131,18 @@ class SubscriptAssignSite:
 
 
 @dataclass(eq=False, repr=False)
+class AttributeAssignSite:
+    """``tokenizer.pad_token = tokenizer.eos_token``: an assignment to an attribute that is not ``self.x``."""
+
+    node: cst.Assign
+    order: int
+    target: cst.Attribute
+    value: cst.BaseExpression
+    scope: Scope
+    context: tuple
+
+
+@dataclass(eq=False, repr=False)
 class DictEntrySite:
     key: str
     value: cst.BaseExpression
@@ -138,6 +150,7 @@ class DictEntrySite:
     order: int
     scope: Scope
     context: tuple
+    dict_node: Optional[cst.Dict] = None  # the display the entry belongs to
 
 
 # --------------------------------------------------------------------------------------------
@@ -308,6 +321,8 @@ _LAUNCH_HINT = re.compile(
     r"LOCAL_RANK|WORLD_SIZE|init_process_group|DistributedDataParallel|notebook_launcher|"
     r"deepspeed\s+\S+\.py"
 )
+# A test on the number of processes: ``PartialState().num_processes > 1``, ``world_size != 1``.
+_PROCESS_COUNT = re.compile(r"""(num_processes|world_size|WORLD_SIZE|get_world_size\(\))["'\])]*\s*(>\s*1|!=\s*1|>=\s*2)\b""")
 # Words that show memory is short, so an "auto" device map will offload.
 _MEMORY_SHORT_HINT = re.compile(
     r"out of (gpu |cuda )?memory|\bOOM\b|does ?n[o']t fit|not enough (gpu |v)?ram|offload(ed)? to (the )?(cpu|disk)|"
@@ -329,6 +344,7 @@ class FileFacts:
         self.aug_assigns: list[AugAssignSite] = []
         self.subscript_assigns: list[SubscriptAssignSite] = []
         self.dict_entries: list[DictEntrySite] = []
+        self.attribute_assigns: list[AttributeAssignSite] = []
         self.loops: list[LoopFrame] = []
         self.functions: list[Scope] = []
         self.name_loads: dict[str, list[tuple[int, cst.CSTNode, Scope]]] = {}
@@ -389,8 +405,25 @@ class FileFacts:
     def launch_hints(self) -> list[str]:
         """Evidence, from code or comments, that the file runs as several processes."""
         if self._launch_hints is None:
-            self._launch_hints = sorted({m.group(0) for m in _LAUNCH_HINT.finditer(self.source)})
+            hints = sorted({m.group(0) for m in _LAUNCH_HINT.finditer(self.source)})
+            # ``if PartialState().num_processes > 1: raise SystemExit(...)``: the file refuses to run as
+            # several processes, whatever its comments say about launchers.
+            self._launch_hints = [] if hints and self._refuses_multi_process() else hints
         return self._launch_hints
+
+    def _refuses_multi_process(self) -> bool:
+        for statement in self.module.body:
+            if not isinstance(statement, cst.If) or not _PROCESS_COUNT.search(self.module.code_for_node(statement.test)):
+                continue
+            body = statement.body.body
+            if len(body) == 1 and isinstance(body[0], cst.SimpleStatementLine):
+                small = body[0].body[0] if body[0].body else None
+                if isinstance(small, cst.Raise):
+                    return True
+                if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+                    if (dotted(small.value.func) or "") in ("exit", "quit", "sys.exit", "os._exit"):
+                        return True
+        return False
 
     @property
     def says_memory_is_short(self) -> Optional[str]:
@@ -676,6 +709,12 @@ class FileFacts:
             for kw in ("offload_folder", "offload_dir"):
                 if call_arg(call, keyword=kw) is not None:
                     return f"`{kw}=` is given, so the automatic map is expected to offload"
+            max_memory = call_arg(call, keyword="max_memory")
+            if isinstance(max_memory, cst.Dict) and all(
+                isinstance(e, cst.DictElement) and _device_literal(e.key) not in (None, "cpu", "disk")
+                for e in max_memory.elements
+            ):
+                return None  # GPUs only and no folder: what does not fit raises instead of being offloaded
             hint = self.says_memory_is_short
             if hint:
                 return f'the automatic map offloads when memory is short, and the file says "{hint}"'
@@ -960,6 +999,10 @@ class _Collector:
                     SubscriptAssignSite(node, self.tick(), name_key(t.value), t, node.value, self.scope, tuple(self.frames))
                 )
                 continue
+            if isinstance(t, cst.Attribute) and name_key(t) is None:
+                self.facts.attribute_assigns.append(
+                    AttributeAssignSite(node, self.order + 1, t, node.value, self.scope, tuple(self.frames))
+                )
             self.bind_target(t, node.value)
         return False
 
@@ -1028,7 +1071,7 @@ class _Collector:
                 self.walk(element.value)
                 if key is not None:
                     self.facts.dict_entries.append(
-                        DictEntrySite(key, element.value, element, self.tick(), self.scope, tuple(self.frames))
+                        DictEntrySite(key, element.value, element, self.tick(), self.scope, tuple(self.frames), node)
                     )
                 else:
                     self.walk(element.key)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Iterator, Optional
 
 import libcst as cst
@@ -119,3 +120,92 @@ def key_text(node: cst.CSTNode) -> str:
 
 def kwarg(site: CallSite, name: str) -> Optional[cst.BaseExpression]:
     return call_arg(site.node, keyword=name)
+
+
+# -- model size from a checkpoint name (GD112 and others) -------------------------------------
+
+_SIZE_IN_NAME = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*([bBmM])(?![a-zA-Z0-9])")
+
+
+def checkpoint_name(facts: FileFacts, call: cst.Call, order: int, scope: Scope) -> Optional[str]:
+    """The checkpoint string of ``X.from_pretrained("org/name-7b", ...)`` (through one name binding)."""
+    arg = call_arg(call, 0, "pretrained_model_name_or_path")
+    text = string_value(arg)
+    if text is None and name_key(arg) is not None:
+        binding = facts.binding_at(name_key(arg), order, scope)
+        if binding is not None and binding.kind == "assign":
+            text = string_value(binding.value)
+    return text
+
+
+def params_from_name(name: Optional[str]) -> Optional[float]:
+    """``meta-llama/Llama-2-7b-chat-hf`` -> 7e9; ``bloom-560m`` -> 5.6e8; None when the name says nothing.
+
+    Only the last path component is read, and only a size written as a separate token (``7b``, ``13B``,
+    ``1.5b``, ``560m``); mixtures (``8x7B``) are not guessed."""
+    if not name:
+        return None
+    last = name.rstrip("/").split("/")[-1]
+    sizes = [float(m.group(1)) * (1e9 if m.group(2) in "bB" else 1e6) for m in _SIZE_IN_NAME.finditer(last)]
+    if len(sizes) != 1:
+        return None
+    return sizes[0]
+
+
+# -- which kind of language model a file trains (GD3xx) ---------------------------------------
+
+_SEQ2SEQ_EXTRA = {"EncoderDecoderModel", "Seq2SeqTrainer", "Seq2SeqTrainingArguments"}
+
+
+def model_class_names(facts: FileFacts) -> set[str]:
+    """HF model classes the file imports or calls (``AutoModelForCausalLM``, ``T5ForConditionalGeneration``)."""
+    names: set[str] = set()
+    qualnames = set(facts.imported_names()) | {c.qualname for c in facts.calls if c.qualname}
+    for q in qualnames:
+        parts = q.split(".")
+        if parts[0] not in ("transformers", "peft", "trl"):
+            continue
+        for part in parts[1:]:
+            if part[:1].isupper():
+                if part in _SEQ2SEQ_EXTRA or (apis.is_model_class(part) and not part.startswith("DataCollator")):
+                    names.add(part)
+                break
+    return names
+
+
+def language_model_kind(facts: FileFacts) -> Optional[str]:
+    """"causal" when the file uses a causal-LM class and nothing sequence-to-sequence; "seq2seq" when it
+    uses only encoder-decoder classes; "mixed" for both; None when it shows neither."""
+    names = model_class_names(facts)
+    causal = any(apis.is_causal_lm_class(n) or n.endswith("ForCausalLMWithValueHead") for n in names)
+    seq2seq = any(apis.is_seq2seq_class(n) or n in _SEQ2SEQ_EXTRA for n in names)
+    if causal and seq2seq:
+        return "mixed"
+    return "causal" if causal else "seq2seq" if seq2seq else None
+
+
+def with_kwarg(call: cst.Call, keyword: str, value: cst.BaseExpression) -> cst.Call:
+    """``call`` with ``keyword=value`` appended, keeping the call's layout (one line or one arg a line)."""
+    new_arg = cst.Arg(
+        keyword=cst.Name(keyword),
+        value=value,
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
+    args = list(call.args)
+    if not args:
+        return call.with_changes(args=[new_arg])
+    last = args[-1]
+    if isinstance(last.comma, cst.Comma):
+        # Trailing comma (usually one arg a line): the new arg takes the closing layout, the old last arg
+        # takes the separator the others use.
+        separator = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else cst.Comma(
+            whitespace_after=cst.SimpleWhitespace(" ")
+        )
+        args[-1] = last.with_changes(comma=separator)
+        new_arg = new_arg.with_changes(comma=last.comma)
+    else:
+        new_arg = new_arg.with_changes(whitespace_after_arg=last.whitespace_after_arg)
+        args[-1] = last.with_changes(
+            comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")), whitespace_after_arg=cst.SimpleWhitespace("")
+        )
+    return call.with_changes(args=[*args, new_arg])

@@ -79,6 +79,7 @@ def planning_blocks(path: str | Path, lora, dtype: torch.dtype) -> list[Block]:
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     with init_empty_weights():
         skeleton = AutoModelForCausalLM.from_config(config)
+    skeleton.tie_weights()  # not done under init_empty_weights; tied blocks must share a device
     no_split = skeleton._no_split_modules or []
     return model_blocks(add_lora(skeleton, lora).get_base_model(), no_split, dtype)
 

@@ -348,7 +348,9 @@ def print_summary(result: TrainResult, console) -> None:
     table.add_row("placement", "\n".join(result.placement))
     share = 100 * result.trainable_params / max(result.total_params, 1)
     table.add_row("trainable", f"{result.trainable_params:,} of {result.total_params:,} parameters ({share:.2f}%, LoRA)")
-    table.add_row("train loss", f"{result.losses[0]:.3f} → {result.losses[-1]:.3f} over {len(result.losses)} steps")
+    k = max(1, min(5, len(result.losses) // 4))  # average a few steps: single-step losses are noisy
+    start, end = sum(result.losses[:k]) / k, sum(result.losses[-k:]) / k
+    table.add_row("train loss", f"{start:.3f} → {end:.3f} over {len(result.losses)} steps (mean of first/last {k})")
     table.add_row("eval loss", f"{result.eval_loss_before:.3f} → {result.eval_loss_after:.3f} ({result.eval_examples} examples)")
     table.add_row("adapter", f"{result.adapter_dir} (reloaded: max |Δ logit| = {result.reload_max_abs_diff:.2e})")
     table.add_row("prompt", result.prompt)

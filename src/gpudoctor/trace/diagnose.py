@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from gpudoctor.trace.devicecheck import DeviceCheckMode, DeviceMismatchDetected
-from gpudoctor.trace.frames import first_user_frame_from_traceback, traceback_frames
+from gpudoctor.trace.frames import first_user_frame_from_traceback, short_path, traceback_frames
 from gpudoctor.trace.messages import parse_device_message, parse_oom_message
 from gpudoctor.trace.origins import OriginIndex, describe
 from gpudoctor.trace.probe import Probe, _offload_hook
@@ -340,7 +340,7 @@ def match_cause(failure: dict, info, mismatch, probe: Probe, snapshot, index: Or
             others = [o for o in tensors if o is not t and o["device"] != t["device"]]
             other_arg = others[0]["argument"] if others else "x"
             loc = origin.get("location") or {}
-            where = f"{loc.get('file', '?')}:{loc.get('line', '?')}" if loc else "the line that creates it"
+            where = f"{short_path(loc.get('file', '?'))}:{loc.get('line', '?')}" if loc else "the line that creates it"
             op = origin.get("op", "aten.empty").split(".")[-1]
             return _cause("tensor_created_in_forward", f"`{t['argument']}` was made by {origin.get('op')} on {t['device']} "
                           f"inside {origin.get('module') or 'forward'}, while the other operand is on {others[0]['device'] if others else common}.",
@@ -363,13 +363,13 @@ def match_cause(failure: dict, info, mismatch, probe: Probe, snapshot, index: Or
     for root in roots:
         if not is_dispatched(root):
             continue
-        moved = moved_after_dispatch_evidence(root)
-        if moved:
-            return _cause("moved_after_dispatch", "The hooks' execution devices no longer match where the weights are.", moved[:6])
         split = split_block_evidence(root)
         if split:
             return _cause("split_no_split_module", "A residual block was cut between devices: its residual add / norm meets "
                           "tensors from both sides.", split[:6])
+        moved = moved_after_dispatch_evidence(root)
+        if moved:
+            return _cause("moved_after_dispatch", "The hooks' execution devices no longer match where the weights are.", moved[:6])
 
     root_inputs = [t for t in tensors if t["origin"].get("kind") == "module_input" and t["origin"].get("depth") == 0]
     params = [t for t in tensors if t["origin"].get("kind") in ("parameter", "buffer")]
@@ -424,7 +424,7 @@ def moved_after_dispatch_evidence(root: nn.Module) -> list[str]:
             if execution is None or getattr(hook, "offload", False):
                 continue
             execution = torch.device(execution) if not isinstance(execution, torch.device) else execution
-            for name, p in module.named_parameters():
+            for name, p in module.named_parameters(recurse=bool(getattr(hook, "place_submodules", False))):
                 if p.device.type != "meta" and p.device != execution:
                     out.append(f"{path or type(root).__name__}: hook execution device {execution}, but {name} is on {p.device}")
                     break

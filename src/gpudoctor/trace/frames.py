@@ -72,3 +72,12 @@ def strip_probe_frames(tb: types.TracebackType | None) -> types.TracebackType | 
     for current, following in zip(kept, kept[1:] + [None]):
         current.tb_next = following
     return kept[0] if kept else None
+
+
+def short_path(filename: str) -> str:
+    """Relative to the working directory when the file is under it (what people type), else as is."""
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if rel.startswith("..") else rel

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from gpudoctor.trace.frames import short_path
+
 
 class OriginIndex:
     """Built once per diagnosis from the probe's root models, optimizers and call stack."""
@@ -114,13 +116,13 @@ def describe(origin: dict) -> str:
         return f"input `{origin['name']}` of {origin['module']}{view}"
     if kind == "created_in_forward":
         loc = origin.get("location")
-        at = f" at {loc['file']}:{loc['line']}" if loc else ""
+        at = f" at {short_path(loc['file'])}:{loc['line']}" if loc else ""
         return f"created in forward by {origin['op']}{at}"
     if kind == "accelerate_hook":
         return f"moved by accelerate's AlignDevicesHook in {origin.get('module')}"
     if kind == "moved":
         loc = origin.get("location")
-        return f"copied with .to() in {origin.get('module')}" + (f" at {loc['file']}:{loc['line']}" if loc else "")
+        return f"copied with .to() in {origin.get('module')}" + (f" at {short_path(loc['file'])}:{loc['line']}" if loc else "")
     if kind == "computed":
         return f"computed by {origin['op']} in {origin.get('module') or 'the model'}"
     return "unknown origin"

@@ -7,6 +7,8 @@ import os
 import sys
 import time
 
+from gpudoctor.trace.frames import short_path
+
 SCHEMA = "gpudoctor.trace/1"
 
 
@@ -135,49 +137,52 @@ def _render_failure(console, failure: dict, ranks: list[str]) -> None:
             "dataparallel": "DataParallel placement", "optimizer_state": "optimizer state placement", "oom": "out of memory",
             "other": "error"}.get(failure["kind"], failure["kind"])
     title = f"[bold red]{kind}[/] during [bold]{failure['phase'].replace('_', ' ')}[/]" + (f"  [dim]({', '.join(ranks)})[/]" if ranks else "")
-    lines = [f"[red]{escape(exc['type'])}[/]: {escape(_shorten(exc['message'], 300))}", ""]
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold", no_wrap=True)
+    facts.add_column()
+    facts.add_row("error", f"[red]{escape(exc['type'])}[/]: {escape(_shorten(exc['message'], 300))}")
     module = failure.get("module")
     if module:
         where = module.get("op_module") or module["path"]
-        cls = module["class"]
         root = module.get("root")
-        shown = f"{root} › {where}" if root and where else (where or root or cls)
-        lines.append(f"[bold]module[/]   {escape(shown)}  [dim]({escape(cls)})[/]")
+        shown = f"{root} › {where}" if root and where else (where or root or module["class"])
+        facts.add_row("module", f"{escape(shown)}  [dim]({escape(module['class'])})[/]")
     op = failure.get("op")
     if op:
-        lines.append(f"[bold]op[/]       {escape(op['name'])}, argument [bold]{escape(op['argument'])}[/] on {escape(op['offending_device'])} "
-                     f"(others on {escape(op['common_device'])})")
+        facts.add_row("op", f"{escape(op['name'])}, argument [bold]{escape(op['argument'])}[/] on {escape(op['offending_device'])} "
+                      f"(the others on {escape(op['common_device'])})")
     frame = failure.get("user_frame")
     if frame:
-        lines.append(f"[bold]your code[/] {escape(frame['file'])}:{frame['line']} in {escape(frame['function'])}")
-        if frame.get("code"):
-            lines.append(f"          [cyan]{escape(frame['code'])}[/]")
-    body = [*lines]
-    table = None
+        code = f"\n[cyan]{escape(frame['code'])}[/]" if frame.get("code") else ""
+        facts.add_row("your code", f"{escape(short_path(frame['file']))}:{frame['line']} in {escape(frame['function'])}{code}")
+    parts: list = [facts]
     if failure.get("tensors"):
-        table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+        table = Table(show_header=True, header_style="bold", box=None, pad_edge=False, title="tensors in the failing op",
+                      title_justify="left", title_style="bold")
         for col in ("argument", "device", "dtype", "shape", "origin"):
             table.add_column(col)
         for t in failure["tensors"]:
             dev_style = "red" if op and t["device"] == op["offending_device"] else ""
             table.add_row(escape(t["argument"]), f"[{dev_style}]{escape(t['device'])}[/]" if dev_style else escape(t["device"]),
                           t["dtype"], "×".join(map(str, t["shape"])) or "scalar", escape(t["origin_text"]))
-    from rich.console import Group
-
-    parts = ["\n".join(body)]
-    if table is not None:
         parts += ["", table]
     cause = failure.get("cause")
     if cause:
-        rule = f" [magenta]{cause['rule']}[/]" if cause.get("rule") else ""
-        parts += ["", f"[bold yellow]cause[/]{rule}  {escape(cause['title'])}", f"         {escape(cause['explanation'])}"]
+        verdict = Table.grid(padding=(0, 2))
+        verdict.add_column(style="bold", no_wrap=True)
+        verdict.add_column()
+        rule = f"  [magenta]{cause['rule']}[/]" if cause.get("rule") else ""
+        verdict.add_row("[yellow]cause[/]", f"[bold]{escape(cause['title'])}[/]{rule}\n{escape(cause['explanation'])}")
         for ev in cause.get("evidence", [])[:6]:
-            parts.append(f"         [dim]• {escape(ev)}[/]")
-        parts.append(f"[bold green]fix[/]      {escape(cause['fix'])}")
+            verdict.add_row("", f"[dim]• {escape(ev)}[/]")
+        verdict.add_row("[green]fix[/]", escape(cause["fix"]))
+        parts += ["", verdict]
     elif failure["kind"] not in ("oom", "other"):
         parts += ["", "[yellow]no known root cause matched; the tensors above show what met where[/]"]
     if failure.get("oom"):
         parts += ["", *_oom_lines(failure["oom"])]
+    from rich.console import Group
+
     console.print(Panel(Group(*parts), title=title, title_align="left", border_style="red"))
 
 

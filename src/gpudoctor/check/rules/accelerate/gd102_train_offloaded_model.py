@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from gpudoctor.check.facts import TRAIT_OFFLOADED, TRAIT_PEFT, FileFacts, Value
+from gpudoctor.check.facts import TRAIT_OFFLOADED, FileFacts, Value
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet, trained_models
 from gpudoctor.check.rule import Rule

@@ -52,6 +52,11 @@ class UnpreparedObjectUsed(Rule):
         for use_node, receiver, stale, stale_kind in self._training_uses(facts, out.order, kind):
             if stale == prepared:
                 continue
+            use_order, use_scope = facts._position_of(use_node)
+            if stale == raw and facts.binding_at(stale, use_order, use_scope) is not facts.binding_at(raw, site.order, site.scope):
+                continue  # another variable of the same name (a parameter, a local, a rebinding)
+            if stale != raw and use_scope is not site.scope:
+                continue
             if stale == raw and raw != prepared:
                 reason = f"`{raw}` was replaced by `{where}(...)`, which returned `{prepared}`"
             elif not prepared_used and stale_kind == kind and not facts.value(receiver).has(TRAIT_PREPARED):
@@ -68,7 +73,12 @@ class UnpreparedObjectUsed(Rule):
             severity, why = multi_process_severity(facts)
             if severity.fails:
                 for call in facts.calls:
-                    if call.order > out.order and name_key(call.node.func) == raw:
+                    if (
+                        call.order > out.order
+                        and name_key(call.node.func) == raw
+                        and not facts.under_no_grad(call.context)
+                        and facts.binding_at(raw, call.order, call.scope) is facts.binding_at(raw, site.order, site.scope)
+                    ):
                         yield self.report(
                             call.node,
                             f"`{raw}(...)` calls the unwrapped model after prepare returned `{prepared}`; {why}, so "

@@ -1,11 +1,16 @@
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
-from gpudoctor.check.facts import FileFacts
-from gpudoctor.check.finding import Applicability, Edit, Fix
-from gpudoctor.check.queries import accelerator_for, snippet
+from gpudoctor.check.facts import FileFacts, int_value
+from gpudoctor.check.finding import Applicability, Edit, Fix, Severity
+from gpudoctor.check.queries import accelerator_for, accelerator_kwargs, mixed_precision_fp16, snippet
 from gpudoctor.check.rule import Rule
+
+# fp16, accumulation or DeepSpeed named outside the Accelerator call (launch comments, config flags).
+_CONFIG_TEXT = re.compile(r"\bfp16\b|mixed_precision|gradient_accumulation|deepspeed|\bfsdp\b", re.IGNORECASE)
 
 
 class LossBackwardWithAccelerator(Rule):
@@ -39,6 +44,15 @@ class LossBackwardWithAccelerator(Rule):
             fix = None
             if all(a.keyword is not None for a in site.node.args):
                 fix = Fix(f"Replace with `{acc_name}.backward({loss})`", Applicability.SAFE, (Edit(site.node, replacement),))
+            kwargs = accelerator_kwargs(facts, accelerator.receiver, accelerator.order, accelerator.scope)
+            steps = int_value(kwargs.get("gradient_accumulation_steps"))
+            accumulates = "gradient_accumulation_steps" in kwargs and (steps is None or steps > 1)
+            if mixed_precision_fp16(facts, kwargs) or accumulates:
+                severity = Severity.ERROR
+            elif _CONFIG_TEXT.search(facts.source):
+                severity = Severity.WARNING
+            else:
+                severity = Severity.INFO  # nothing in the file turns on fp16/accumulation/DeepSpeed
             yield self.report(
                 site.node,
                 f"`{loss}.backward()` bypasses `{acc_name}`: with fp16 the loss is not scaled (the prepared "
@@ -46,4 +60,5 @@ class LossBackwardWithAccelerator(Rule):
                 "number of steps, and DeepSpeed/FSDP backward hooks are skipped.",
                 fix_hint=f"Use `{acc_name}.backward({loss})`.",
                 fix=fix,
+                severity=severity,
             )

@@ -1,11 +1,16 @@
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from gpudoctor.check.facts import FileFacts
 from gpudoctor.check.finding import Applicability, Edit, Fix, Severity
 from gpudoctor.check.queries import accelerator_for, accelerator_kwargs, mixed_precision_fp16, snippet
 from gpudoctor.check.rule import Rule
+
+# fp16 named outside the Accelerator call (a launch comment, a config flag): the file hints at fp16 AMP.
+_FP16_TEXT = re.compile(r"\bfp16\b|mixed_precision", re.IGNORECASE)
 
 
 class TorchClipWithAccelerator(Rule):
@@ -34,9 +39,12 @@ class TorchClipWithAccelerator(Rule):
             replacement = cst.Attribute(
                 value=accelerator.receiver.deep_clone(), attr=cst.Name(function)
             )
+            hint = _FP16_TEXT.search(facts.source) if not fp16 else None
             if fp16:
                 why = "`mixed_precision=\"fp16\"` is set, so the gradients are still multiplied by the loss scale"
+                severity = Severity.ERROR
             else:
+                severity = Severity.WARNING if hint else Severity.INFO
                 why = (
                     "if fp16 is enabled (here or by `accelerate config`), the gradients are still multiplied by the "
                     "loss scale"
@@ -47,6 +55,6 @@ class TorchClipWithAccelerator(Rule):
                 "the norm is compared with the threshold at the wrong scale; DeepSpeed/FSDP clipping is bypassed too. "
                 "(Parameters on several devices are fine: torch groups them by device.)",
                 fix_hint=f"Use `{acc_name}.{function}(...)`, once per optimizer step under `if {acc_name}.sync_gradients:`.",
-                severity=Severity.ERROR if fp16 else Severity.WARNING,
+                severity=severity,
                 fix=Fix(f"Call `{acc_name}.{function}` instead", Applicability.SAFE, (Edit(site.node.func, replacement),)),
             )

@@ -5,7 +5,7 @@ import libcst as cst
 from gpudoctor.check import apis
 from gpudoctor.check.facts import FileFacts, call_arg
 from gpudoctor.check.finding import Applicability, Edit, Fix, Severity
-from gpudoctor.check.queries import snippet
+from gpudoctor.check.queries import snippet, with_kwarg
 from gpudoctor.check.rule import Rule
 
 
@@ -35,20 +35,10 @@ class InferDeviceMapNoSplit(Rule):
             fix = None
             value = facts.value(model, site.order, site.scope)
             if isinstance(model, cst.Name) and value.kind == "model" and value.origin().trait("class"):
-                new_arg = cst.Arg(
-                    keyword=cst.Name("no_split_module_classes"),
-                    value=cst.Attribute(value=cst.Name(model.value), attr=cst.Name("_no_split_modules")),
-                    equal=cst.AssignEqual(
-                        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
-                    ),
-                )
-                args = list(call.args)
-                if args:
-                    args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
                 fix = Fix(
                     f"Add `no_split_module_classes={model.value}._no_split_modules`",
                     Applicability.SAFE,
-                    (Edit(call, call.with_changes(args=[*args, new_arg])),),
+                    (Edit(call, with_kwarg(call, "no_split_module_classes", cst.Attribute(value=cst.Name(model.value), attr=cst.Name("_no_split_modules")))),),
                 )
             name = snippet(facts, model)
             yield self.report(

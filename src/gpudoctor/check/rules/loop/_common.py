@@ -186,3 +186,35 @@ def first(iterable: Iterable):
     for item in iterable:
         return item
     return None
+
+
+_SCALER_NAME = re.compile(r"scaler", re.IGNORECASE)
+
+
+def is_optimizer_step(facts: FileFacts, site: CallSite) -> bool:
+    """``optimizer.step()`` or ``scaler.step(optimizer)`` (a GradScaler steps the optimizer it is given)."""
+    if site.method != "step":
+        return False
+    if is_optimizer_call(facts, site):
+        return True
+    if site.receiver is None or not site.node.args:
+        return False
+    text = _receiver_text(site.receiver) or ""
+    if not _SCALER_NAME.search(text.split(".")[-1]):
+        return False
+    arg = site.node.args[0].value
+    text = _receiver_text(arg) or ""
+    return facts.value(arg, site.order, site.scope).kind == "optimizer" or bool(_OPTIMIZER_NAME.search(text))
+
+
+def is_zero_grad(facts: FileFacts, site: CallSite) -> bool:
+    """``optimizer.zero_grad()`` or ``model.zero_grad()``."""
+    if site.method != "zero_grad" or site.receiver is None:
+        return False
+    if is_optimizer_call(facts, site):
+        return True
+    kind = receiver_kind(facts, site)
+    if kind == "model":
+        return True
+    text = (_receiver_text(site.receiver) or "").split(".")[-1].lower()
+    return kind == "unknown" and ("model" in text or "net" in text)

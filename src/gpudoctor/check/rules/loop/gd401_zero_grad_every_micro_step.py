@@ -3,7 +3,7 @@ from __future__ import annotations
 from gpudoctor.check.facts import TRAIT_PREPARED, FileFacts, WithFrame
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
-from gpudoctor.check.rules.loop._common import accumulation_guard, innermost_loop, in_loop, is_optimizer_call
+from gpudoctor.check.rules.loop._common import accumulation_guard, in_loop, innermost_loop, is_optimizer_step, is_zero_grad
 
 
 class ZeroGradEveryMicroStep(Rule):
@@ -19,7 +19,7 @@ class ZeroGradEveryMicroStep(Rule):
     def check(self, facts: FileFacts):
         for step in facts.method_calls("step"):
             loop = innermost_loop(step)
-            if loop is None or not is_optimizer_call(facts, step):
+            if loop is None or not is_optimizer_step(facts, step):
                 continue
             guard = accumulation_guard(facts, step, loop)
             if guard is None or self._accelerate_gated(facts, step):
@@ -29,7 +29,7 @@ class ZeroGradEveryMicroStep(Rule):
                     continue
                 if accumulation_guard(facts, zero, loop) is not None:
                     continue
-                if not (is_optimizer_call(facts, zero) or facts.value(zero.receiver, zero.order, zero.scope).kind == "model"):
+                if not is_zero_grad(facts, zero):
                     continue
                 if self._accelerate_gated(facts, zero):
                     continue

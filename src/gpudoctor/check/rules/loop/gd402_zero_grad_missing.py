@@ -5,7 +5,7 @@ import re
 from gpudoctor.check.facts import FileFacts
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
-from gpudoctor.check.rules.loop._common import in_loop, innermost_loop, is_backward, is_optimizer_call
+from gpudoctor.check.rules.loop._common import in_loop, innermost_loop, is_backward, is_optimizer_step
 
 # Any way of clearing gradients we know of; when one appears anywhere in the file we stay silent.
 _CLEARS = re.compile(
@@ -28,7 +28,7 @@ class ZeroGradMissing(Rule):
             return
         for step in facts.method_calls("step"):
             loop = innermost_loop(step)
-            if loop is None or not is_optimizer_call(facts, step):
+            if loop is None or not is_optimizer_step(facts, step):
                 continue
             backward = next(
                 (c for c in facts.calls if in_loop(c, loop) and is_backward(facts, c) and innermost_loop(c) is loop), None

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from gpudoctor.check.facts import FileFacts, is_true
+import libcst as cst
+
+from gpudoctor.check.facts import FileFacts
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.loop._common import is_backward, reach, receiver_kind
@@ -15,7 +17,7 @@ def is_eval_call(facts: FileFacts, site) -> bool:
         return receiver_kind(facts, site) not in _NOT_MODULES
     if site.method == "train" and len(site.node.args) == 1:
         arg = site.node.args[0].value
-        return getattr(arg, "value", None) == "False" and receiver_kind(facts, site) not in _NOT_MODULES
+        return isinstance(arg, cst.Name) and arg.value == "False" and receiver_kind(facts, site) not in _NOT_MODULES
     return False
 
 
@@ -23,7 +25,7 @@ def is_train_call(facts: FileFacts, site) -> bool:
     if site.method != "train" or site.receiver is None or site.qualname is not None:
         return False
     args = site.node.args
-    if len(args) > 1 or (args and not is_true(args[0].value) and args[0].keyword is None and getattr(args[0].value, "value", None) == "False"):
+    if len(args) > 1 or (args and isinstance(args[0].value, cst.Name) and args[0].value.value == "False"):
         return False
     return receiver_kind(facts, site) not in _NOT_MODULES
 
@@ -71,6 +73,8 @@ class EvalWithoutTrain(Rule):
         """Names called like a model (``model(x)``) in the loop: the modules being trained."""
         keys = set()
         for site in calls:
+            if facts.under_no_grad(site.context):
+                continue
             func = site.node.func
             if site.method is None and site.qualname is None:
                 text = facts.module.code_for_node(func)

@@ -16,6 +16,8 @@ CREATION = {
     "torch.as_tensor", "torch.from_numpy", "torch.tril_indices", "torch.triu_indices", "torch.normal",
     "torch.FloatTensor", "torch.LongTensor", "torch.Tensor", "torch.BoolTensor", "torch.IntTensor",
 }
+_WRAPPING = {"torch.tril", "torch.triu", "torch.outer", "torch.exp", "torch.log", "torch.cos", "torch.sin",
+             "torch.cumsum", "torch.diag", "torch.flip", "torch.polar", "torch.stack", "torch.cat"}
 # Methods that give a tensor on the same device as the receiver (the CPU-ness propagates).
 SAME_DEVICE_METHODS = {
     "unsqueeze", "squeeze", "view", "reshape", "expand", "expand_as", "repeat", "float", "long", "int", "bool",
@@ -40,6 +42,15 @@ def creation_qualname(facts: FileFacts, call: cst.CSTNode) -> Optional[str]:
     if not isinstance(call, cst.Call):
         return None
     q = facts.qualname(call.func)
+    if q in _WRAPPING and call.args and creation_qualname(facts, call.args[0].value):
+        return q  # torch.tril(torch.ones(n, n))
+    if (
+        isinstance(call.func, cst.Attribute)
+        and call.func.attr.value in SAME_DEVICE_METHODS
+        and creation_qualname(facts, call.func.value)
+        and all(_literal_number(a.value) for a in call.args)
+    ):
+        return creation_qualname(facts, call.func.value)  # torch.ones(n, n).tril()
     if q not in CREATION:
         return None
     if call_arg(call, keyword="device") is not None:
@@ -316,3 +327,43 @@ def moves_to_accelerator(facts: FileFacts) -> Optional[str]:
     if "device_map" in facts.source:
         return "`device_map=`"
     return None
+
+
+def placement(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0) -> Optional[str]:
+    """Where a model expression is, as far as the file shows: "unplaced" (built on the CPU and never moved),
+    "placed" (moved, or loaded with a single-device map), "dispatched" (spread by a device map), or None."""
+    if node is None or depth > 5:
+        return None
+    if isinstance(node, cst.Call):
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value in apis.MODULE_MOVES:
+            return "placed"
+        q = facts.qualname(node.func)
+        if q in apis.DISPATCH:
+            return "dispatched"
+        owner_method = apis.hf_class_method(q) if q else None
+        if owner_method and owner_method[1] in ("from_pretrained", "from_config") and apis.is_model_class(owner_method[0]):
+            device_map = facts.device_map(call_arg(node, keyword="device_map"), order, scope)
+            if device_map is None or (device_map.strategy == "single" and device_map.devices <= {"cpu"}):
+                return "unplaced"
+            return "dispatched" if device_map.maybe_dispatched else "placed"
+        if is_module_constructor(facts, node):
+            return "unplaced"
+        return None
+    key = name_key(node)
+    if key is None:
+        return None
+    binding = facts.binding_at(key, order, scope)
+    if binding is None or binding.kind != "assign":
+        return None
+    for site in facts.calls:
+        if binding.order < site.order < order and name_key(site.receiver) == key and site.method in apis.MODULE_MOVES:
+            if facts._same_namespace(site.scope, scope, key):
+                return "placed"
+        if binding.order < site.order < order and site.qualname in apis.DISPATCH and name_key(call_arg(site.node, 0, "model")) == key:
+            return "dispatched"
+    # Handed to something that may place it (a helper, accelerator.prepare, a Trainer...)
+    for site in facts.calls:
+        if binding.order < site.order < order and any(name_key(a.value) == key for a in site.node.args):
+            if facts._same_namespace(site.scope, scope, key):
+                return None
+    return placement(facts, binding.value, binding.order, binding.scope, depth + 1)

@@ -1,0 +1,241 @@
+"""Per-file result cache: ``<project root>/.gpudoctor_cache/<settings>.json``.
+
+An entry is reused when the file's *content hash* is unchanged and the run's settings are the same:
+the settings fingerprint covers the gpudoctor version, ``Config.cache_key()`` (select, ignore,
+per-file-ignores, preview, target-versions), the set of active rule codes, the library versions the
+rules may read (``versions.installed``) and the size/mtime of gpudoctor's own check code (so an edited
+rule never serves stale results during development). A changed setting simply selects another cache
+file; ``gpudoctor clean`` removes them all.
+
+Only plain data is stored (no libcst nodes): findings keep their fix's description and
+applicability, which is all a report needs. Writes are atomic (temp file + ``os.replace``) and merge
+with what another process may have written meanwhile (pre-commit runs several gpudoctor processes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Optional
+
+from gpudoctor import __version__
+from gpudoctor.check.finding import Applicability, Finding, Fix, Severity
+
+if TYPE_CHECKING:
+    from gpudoctor.check.config import Config
+    from gpudoctor.check.engine import FileResult
+
+CACHE_DIR = ".gpudoctor_cache"
+FORMAT = 1
+# Libraries whose installed version a rule may consult (gpudoctor.check.versions).
+_LIBRARIES = ("torch", "accelerate", "transformers", "peft", "trl", "bitsandbytes", "deepspeed")
+_CACHEDIR_TAG = (
+    "Signature: 8a477f597d28d172789f06886806bc55\n"
+    "# This file is a cache directory tag created by gpudoctor.\n"
+    "# For information about cache directory tags see https://bford.info/cachedir/\n"
+)
+
+
+def digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+@lru_cache(maxsize=1)
+def _code_fingerprint() -> str:
+    """Size and mtime of every module under gpudoctor.check (rules included)."""
+    here = Path(__file__).resolve().parent
+    parts = []
+    for path in sorted(here.rglob("*.py")):
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        parts.append(f"{path.relative_to(here).as_posix()}:{stat.st_size}:{stat.st_mtime_ns}")
+    return digest("\n".join(parts).encode())
+
+
+def settings_key(config: "Config", rule_codes: Iterable[str]) -> str:
+    from gpudoctor.check import versions
+
+    parts = [
+        f"format={FORMAT}",
+        f"version={__version__}",
+        f"config={config.cache_key()}",
+        f"rules={','.join(sorted(set(rule_codes)))}",
+        "libs=" + ",".join(f"{name}={versions.installed(name)}" for name in _LIBRARIES),
+        f"code={_code_fingerprint()}",
+    ]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+
+
+def cache_dir(root: Path) -> Path:
+    return Path(root) / CACHE_DIR
+
+
+# ------------------------------------------------------------------------------------------------
+# (de)serialising results
+
+
+def finding_to_data(finding: Finding) -> dict:
+    return {
+        "code": finding.code,
+        "name": finding.name,
+        "severity": finding.severity.value,
+        "message": finding.message,
+        "line": finding.line,
+        "column": finding.column,
+        "end_line": finding.end_line,
+        "end_column": finding.end_column,
+        "fix_hint": finding.fix_hint,
+        "fix": [finding.fix.description, finding.fix.applicability.value] if finding.fix else None,
+        "cell": finding.cell,
+        "source_line": finding.source_line,
+    }
+
+
+def finding_from_data(data: dict, path: str) -> Finding:
+    fix = data.get("fix")
+    return Finding(
+        code=data["code"],
+        name=data["name"],
+        severity=Severity(data["severity"]),
+        message=data["message"],
+        path=path,
+        line=data["line"],
+        column=data["column"],
+        end_line=data["end_line"],
+        end_column=data["end_column"],
+        fix_hint=data.get("fix_hint", ""),
+        fix=Fix(fix[0], Applicability(fix[1]), ()) if fix else None,
+        cell=data.get("cell"),
+        source_line=data.get("source_line", ""),
+    )
+
+
+class Cache:
+    """One settings fingerprint's entries: absolute path -> {digest, findings, error}."""
+
+    def __init__(self, root: Path, settings: str) -> None:
+        self.root = Path(root)
+        self.file = cache_dir(self.root) / f"{settings}.json"
+        self._entries: Optional[dict[str, dict]] = None
+        self._dirty: dict[str, dict] = {}
+
+    @classmethod
+    def for_run(cls, config: "Config", rule_codes: Iterable[str]) -> "Cache":
+        return cls(config.root, settings_key(config, rule_codes))
+
+    def _load(self) -> dict[str, dict]:
+        if self._entries is None:
+            self._entries = _read(self.file)
+        return self._entries
+
+    @staticmethod
+    def key(path: Path) -> str:
+        return os.path.abspath(path)
+
+    def get(self, path: Path, file_digest: str, display: str) -> Optional["FileResult"]:
+        from gpudoctor.check.engine import FileResult
+
+        entry = self._load().get(self.key(path))
+        if not entry or entry.get("digest") != file_digest:
+            return None
+        try:
+            findings = [finding_from_data(f, display) for f in entry.get("findings", ())]
+        except (KeyError, TypeError, ValueError):
+            return None
+        error = entry.get("error")
+        return FileResult(display, findings=findings, error=display + error if error is not None else None)
+
+    def put(self, path: Path, file_digest: str, result: "FileResult") -> None:
+        error = None
+        if result.error is not None:
+            # Stored without the displayed path so another working directory can reuse it.
+            error = result.error[len(result.path):] if result.error.startswith(result.path) else ": " + result.error
+        entry = {"digest": file_digest, "findings": [finding_to_data(f) for f in result.findings], "error": error}
+        self._load()[self.key(path)] = entry
+        self._dirty[self.key(path)] = entry
+
+    def save(self) -> None:
+        """Merge our new entries into the file on disk and replace it atomically. Never raises."""
+        if not self._dirty:
+            return
+        folder = self.file.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for name, text in (("CACHEDIR.TAG", _CACHEDIR_TAG), (".gitignore", "# Created by gpudoctor.\n*\n")):
+                marker = folder / name
+                if not marker.exists():
+                    marker.write_text(text, encoding="utf-8")
+            entries = _read(self.file)  # another process may have added entries meanwhile
+            entries.update(self._dirty)
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                    json.dump({"format": FORMAT, "version": __version__, "entries": entries}, handle, separators=(",", ":"))
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, self.file)
+            except BaseException:
+                _unlink(tmp)
+                raise
+        except OSError:
+            return  # a read-only checkout still gets checked, just without a cache
+        self._entries = entries
+        self._dirty.clear()
+        _prune(folder, keep=self.file)
+
+
+# Each settings fingerprint has its own file; keep the most recently written few.
+MAX_SETTINGS_FILES = 8
+
+
+def _prune(folder: Path, keep: Path) -> None:
+    try:
+        files = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return
+    for old in [f for f in files if f != keep][MAX_SETTINGS_FILES - 1 :]:
+        _unlink(str(old))
+
+
+def _read(file: Path) -> dict[str, dict]:
+    try:
+        with open(file, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
+        return {}
+    return data["entries"]
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def clean(root: Path) -> Optional[str]:
+    """Remove ``<root>/.gpudoctor_cache`` (root: the config root, found from ``root`` upwards).
+
+    Returns what was removed (for the message), or None when there was no cache.
+    """
+    from gpudoctor.check.config import Config, ConfigError
+
+    candidates = [Path(root)]
+    try:
+        candidates.insert(0, Config.discover(Path(root)).root)
+    except ConfigError:
+        pass
+    for folder in dict.fromkeys(c.resolve() for c in candidates):
+        target = cache_dir(folder)
+        if target.is_dir():
+            shutil.rmtree(target, ignore_errors=True)
+            return str(target)
+    return None

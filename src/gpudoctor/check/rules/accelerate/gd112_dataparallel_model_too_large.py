@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+from gpudoctor.check import apis, versions
+from gpudoctor.check.facts import TRAIT_DISPATCHED, TRAIT_PEFT, TRAIT_QUANTIZED, FileFacts, call_arg
+from gpudoctor.check.finding import Severity
+from gpudoctor.check.queries import _parameters_owner, checkpoint_name, params_from_name, snippet
+from gpudoctor.check.rule import Rule
+
+_GIB = 1024**3
+# Above this many GiB on device_ids[0] no consumer GPU (24 GB) nor a 40 GB A100 holds a full fine-tune.
+_THRESHOLD_GIB = 40
+_DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
+
+
+class DataParallelModelTooLarge(Rule):
+    """``nn.DataParallel`` around a full fine-tune of a model whose name says it has billions of
+    parameters: DataParallel keeps the whole model, its gradients and the optimizer state on
+    ``device_ids[0]`` and replicates the weights to every GPU on each forward, so more GPUs add no memory."""
+
+    code = "GD112"
+    name = "dataparallel-model-too-large"
+    summary = "nn.DataParallel for a full fine-tune too large for one GPU (DataParallel does not split the model)"
+    severity = Severity.WARNING
+    preview = True
+    triggers = ("DataParallel",)
+
+    def check(self, facts: FileFacts):
+        if "requires_grad" in facts.source:
+            return  # parameters are frozen somewhere: the trained part is unknown
+        for site in facts.calls_to(*apis.DATA_PARALLEL):
+            module = call_arg(site.node, 0, "module")
+            if module is None:
+                continue
+            value = facts.value(module, site.order, site.scope)
+            if value.kind != "model" or value.has(TRAIT_DISPATCHED) or value.has(TRAIT_PEFT) or value.has(TRAIT_QUANTIZED):
+                continue
+            origin = value.origin()
+            if not origin.trait("class") or origin.node is None:
+                continue
+            load_site = facts.call_site(origin.node)
+            if load_site is None:
+                continue
+            name = checkpoint_name(facts, origin.node, load_site.order, load_site.scope)
+            params = params_from_name(name)
+            if params is None:
+                continue
+            optimizer = self._full_optimizer(facts, site, value)
+            if optimizer is None:
+                continue
+            weight_bytes, dtype_note = self._weight_bytes(facts, origin.node)
+            opt_name = optimizer.qualname.split(".")[-1]
+            state = 2 * weight_bytes if opt_name in ("Adam", "AdamW") else 0
+            per_param = 2 * weight_bytes + state
+            total = params * per_param / _GIB
+            if total <= _THRESHOLD_GIB:
+                continue
+            yield self.report(
+                site.node,
+                f"`{snippet(facts, site.node)}` wraps a full fine-tune of `{name}` (~{params / 1e9:g}B parameters from "
+                f"its name). DataParallel keeps weights, gradients and `{opt_name}` state on `device_ids[0]`: "
+                f"~{per_param} B/param ({dtype_note}) = ~{total:.0f} GiB on GPU 0 before activations, and it copies the "
+                f"~{params * weight_bytes / _GIB:.0f} GiB of weights to every other GPU on each forward; more GPUs add no "
+                "memory, so this runs out of memory on GPU 0 unless it alone holds all of it.",
+                fix_hint="Split the model instead of replicating it: LoRA (peft) on a single GPU or `device_map=\"auto\"` "
+                "in one process, or shard it with FSDP/DeepSpeed ZeRO via `accelerate launch`.",
+            )
+
+    @staticmethod
+    def _full_optimizer(facts: FileFacts, dp_site, dp_value):
+        for site in facts.calls:
+            if not (site.qualname and apis.is_optimizer(site.qualname)):
+                continue
+            owner = _parameters_owner(site.arg(0, "params"))
+            if owner is None:
+                continue
+            owned = facts.value(owner, site.order, site.scope)
+            if owned.has(TRAIT_PEFT):
+                continue
+            if owned.origin().node is dp_value.origin().node:
+                return site
+        return None
+
+    @staticmethod
+    def _weight_bytes(facts: FileFacts, call) -> tuple[int, str]:
+        dtype = call_arg(call, keyword="dtype") or call_arg(call, keyword="torch_dtype")
+        if dtype is not None:
+            q = facts.qualname(dtype) or ""
+            name = q.split(".")[-1]
+            if q.startswith("torch.") and name in _DTYPE_BYTES:
+                return _DTYPE_BYTES[name], f"`{name}` weights"
+        version = versions.major_minor(versions.assumed("transformers")[0]) or (5, 0)
+        if version >= (5, 0):
+            return 2, (
+                f"{versions.describe('transformers')} loads the checkpoint's dtype by default; 16-bit assumed, "
+                "twice that in float32"
+            )
+        return 4, f"{versions.describe('transformers')} loads float32 by default"

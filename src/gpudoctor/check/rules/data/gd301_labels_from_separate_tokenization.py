@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+import libcst as cst
+
+from gpudoctor.check.facts import FileFacts, string_value
+from gpudoctor.check.finding import Severity
+from gpudoctor.check.queries import language_model_kind, snippet
+from gpudoctor.check.rule import Rule
+from gpudoctor.check.rules.data._common import (
+    dict_groups,
+    encoding_source,
+    ids_source,
+    max_length_of,
+    padding_of,
+    tokenized_text,
+)
+
+
+class LabelsFromSeparateTokenization(Rule):
+    """Causal-LM ``labels`` taken from a second tokenization (the target text) while ``input_ids``
+    come from another one (the prompt). A causal LM predicts the *next token of its own input*: its
+    loss compares logits at input position t with ``labels[t + 1]``, so labels must be a copy of
+    ``input_ids`` (with ``-100`` on positions not to learn). Encoder-decoder models are the opposite
+    (labels are the target), so the rule only speaks when the file uses a causal LM and nothing
+    sequence-to-sequence."""
+
+    code = "GD301"
+    name = "labels-from-separate-tokenization"
+    summary = "Causal-LM labels from a separate (target) tokenization instead of a copy of input_ids"
+    severity = Severity.ERROR
+    triggers = ("labels",)
+
+    def check(self, facts: FileFacts):
+        if language_model_kind(facts) != "causal":
+            return
+        for labels, inputs, node, order, scope in self._pairs(facts):
+            label_call = ids_source(facts, labels, order, scope)
+            input_call = inputs[1] if isinstance(inputs, tuple) else ids_source(facts, inputs, order, scope)
+            if label_call is None or input_call is None or label_call is input_call:
+                continue
+            label_text, _ = tokenized_text(facts, label_call)
+            input_text, _ = tokenized_text(facts, input_call)
+            if not label_text or label_text == input_text:
+                continue  # the same text tokenized twice: the same ids
+            yield self.report(node, self._message(facts, labels, label_call, input_call), fix_hint=self._hint())
+
+    def _pairs(self, facts: FileFacts) -> Iterator[tuple]:
+        """(labels expr, input_ids expr or the encoding's tokenizer call, node to report, order, scope)."""
+        for group in dict_groups(facts):
+            labels, inputs = group.get("labels"), group.get("input_ids")
+            if labels is not None and inputs is not None:
+                yield labels.value, inputs.value, labels.value, labels.order, labels.scope
+        for site in facts.calls:
+            labels, inputs = site.arg(keyword="labels"), site.arg(keyword="input_ids")
+            if labels is not None and inputs is not None:
+                yield labels, inputs, labels, site.order, site.scope
+        for site in facts.subscript_assigns:
+            if _key(site.target) != "labels" or site.base_key is None:
+                continue
+            encoding = encoding_source(facts, site.target.value, site.order, site.scope)
+            if encoding is not None:
+                yield site.value, ("encoding", encoding), site.value, site.order, site.scope
+
+    @staticmethod
+    def _message(facts: FileFacts, labels, label_call: cst.Call, input_call: cst.Call) -> str:
+        label_text, as_target = tokenized_text(facts, label_call)
+        input_text, _ = tokenized_text(facts, input_call)
+        same_length = (
+            padding_of(facts, label_call) == "max_length"
+            and padding_of(facts, input_call) == "max_length"
+            and max_length_of(facts, label_call) == max_length_of(facts, input_call)
+        )
+        head = (
+            f"`{snippet(facts, labels)}` are the token ids of `{_short(label_text)}`"
+            f"{' (text_target=)' if as_target else ''} while `input_ids` tokenize `{_short(input_text)}`. "
+            "A causal LM's loss (transformers `ForCausalLMLoss`) shifts the labels by one and compares them with "
+            "the logits of the input positions: labels must be the input ids themselves."
+        )
+        if same_length:
+            return head + (
+                " Both are padded to the same `max_length`, so nothing raises: the model is silently trained to "
+                "emit the target's token t+1 at the prompt's position t (padding included)."
+            )
+        return head + (
+            " When the lengths differ it raises \"ValueError: Expected input batch_size (B*L_input) to match "
+            "target batch_size (B*L_labels)\"; padded to the same length it trains silently on misaligned targets."
+        )
+
+    @staticmethod
+    def _hint() -> str:
+        return (
+            "Tokenize prompt + answer together and copy the ids: `enc = tokenizer(prompt + answer, ...)`, "
+            "`labels = enc[\"input_ids\"].clone()`, then set `-100` on the prompt and padding positions "
+            "(`labels[:len_prompt] = -100`, `labels[enc[\"attention_mask\"] == 0] = -100`)."
+        )
+
+
+def _short(text: str, limit: int = 40) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _key(target: cst.Subscript) -> Optional[str]:
+    if len(target.slice) != 1 or not isinstance(target.slice[0].slice, cst.Index):
+        return None
+    return string_value(target.slice[0].slice.value)

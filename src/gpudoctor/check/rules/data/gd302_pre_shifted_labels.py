@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import re
+from typing import Iterator, Optional
+
+import libcst as cst
+
+from gpudoctor.check.facts import FileFacts, name_key, string_value
+from gpudoctor.check.finding import Severity
+from gpudoctor.check.queries import language_model_kind, snippet
+from gpudoctor.check.rule import Rule
+from gpudoctor.check.rules.data._common import code, computes_own_loss, dict_groups, shifted_base
+
+_IDS = re.compile(r"ids|token", re.IGNORECASE)
+_MODEL_NAME = re.compile(r"(^|[._])\w*model$", re.IGNORECASE)
+
+
+class PreShiftedLabels(Rule):
+    """``labels=input_ids[:, 1:]`` given to a Hugging Face causal LM. The model shifts the labels
+    itself (``ForCausalLMLoss`` pads them by one and takes ``labels[..., 1:]``), so shifting them
+    again either breaks the shapes or trains the model to predict two tokens ahead."""
+
+    code = "GD302"
+    name = "pre-shifted-labels"
+    summary = "Labels shifted by hand (input_ids[:, 1:]) for an HF causal LM, which shifts them again"
+    severity = Severity.ERROR
+    triggers = ("labels",)
+
+    def check(self, facts: FileFacts):
+        if language_model_kind(facts) != "causal":
+            return
+        for labels, inputs, where in self._candidates(facts):
+            base = shifted_base(labels)
+            if base is None or not _IDS.search(code(facts, base)):
+                continue
+            inputs_cut = inputs is not None and shifted_base(inputs, upper=True) is not None
+            if inputs_cut and code(facts, shifted_base(inputs, upper=True)) != code(facts, base):
+                inputs_cut = False
+            if inputs_cut:
+                effect = (
+                    f"with `input_ids` cut to `{snippet(facts, inputs)}` the shapes match and nothing raises: "
+                    "the model is silently trained to predict the token two positions ahead"
+                )
+            else:
+                effect = (
+                    "the labels are one token shorter than the logits, so it raises \"ValueError: Expected input "
+                    "batch_size (B*L) to match target batch_size (B*(L-1))\" (padded back to L, it silently "
+                    "predicts two tokens ahead)"
+                )
+            yield self.report(
+                labels,
+                f"`{snippet(facts, labels)}` shifts the labels by hand and they go to {where}, whose loss "
+                f"(transformers `ForCausalLMLoss`) shifts them again; {effect}.",
+                fix_hint=(
+                    f"Pass unshifted labels: `labels={snippet(facts, base)}` with the full `input_ids` (set `-100` "
+                    "where no loss is wanted). Shift only when you compute the loss yourself from `logits`."
+                ),
+            )
+
+    def _candidates(self, facts: FileFacts) -> Iterator[tuple[cst.BaseExpression, Optional[cst.BaseExpression], str]]:
+        # labels= given to a model call: the model computes the loss.
+        for site in facts.calls:
+            labels = site.arg(keyword="labels")
+            if labels is None or not self._is_model_call(facts, site):
+                continue
+            yield labels, site.arg(keyword="input_ids"), f"`{snippet(facts, site.node.func)}(...)`"
+        # Batches built by hand ({"input_ids": ..., "labels": ...}): only when nothing in the file computes
+        # its own loss (a custom loss over logits is where shifting by hand is right).
+        if computes_own_loss(facts):
+            return
+        for group in dict_groups(facts):
+            labels = group.get("labels")
+            if labels is not None and "input_ids" in group:
+                yield labels.value, group["input_ids"].value, "the model in the batch (`model(**batch)`/Trainer)"
+        for site in facts.subscript_assigns:
+            target = site.target
+            if len(target.slice) == 1 and isinstance(target.slice[0].slice, cst.Index):
+                if string_value(target.slice[0].slice.value) == "labels":
+                    yield site.value, None, "the model in the batch (`model(**batch)`/Trainer)"
+
+    @staticmethod
+    def _is_model_call(facts: FileFacts, site) -> bool:
+        """``model(...)``, ``self.model(...)``, ``model.forward(...)``."""
+        func = site.node.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+            func = func.value
+        key = name_key(func)
+        if key is None:
+            return False
+        return facts.value(func, site.order, site.scope).kind == "model" or bool(_MODEL_NAME.search(key))

@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+from typing import Iterator
+
+import libcst as cst
+
+from gpudoctor.check.facts import FileFacts, Scope, string_value
+from gpudoctor.check.finding import Severity
+from gpudoctor.check.queries import language_model_kind, snippet
+from gpudoctor.check.rule import Rule
+from gpudoctor.check.rules.data._common import (
+    dict_groups,
+    encoding_source,
+    ids_source,
+    masks_labels_somewhere,
+    max_length_of,
+    padding_of,
+)
+
+# Collators and trainers that build or mask labels themselves.
+_LABEL_COLLATORS = ("DataCollatorForLanguageModeling", "DataCollatorForSeq2Seq", "DataCollatorForCompletionOnlyLM",
+                    "SFTTrainer", "SFTConfig", "data_collator")
+
+
+class PaddingLabelsNotMasked(Rule):
+    """Causal-LM labels copied from ``input_ids`` that the tokenizer padded, and nothing in the file ever
+    sets ``-100``: the padding positions count in the loss, so the model learns to predict padding
+    (often EOS) and the reported loss is diluted by easy pad-after-pad targets."""
+
+    code = "GD303"
+    name = "padding-labels-not-masked"
+    summary = "Labels copied from padded input_ids without -100 on the padding positions"
+    severity = Severity.ERROR
+    triggers = ("labels",)
+
+    def check(self, facts: FileFacts):
+        if language_model_kind(facts) != "causal" or masks_labels_somewhere(facts):
+            return
+        if any(word in facts.source for word in _LABEL_COLLATORS):
+            return
+        reported = set()
+        for labels, call, order, scope in self._copies(facts):
+            padding = padding_of(facts, call)
+            if padding is None or (padding == "longest" and not _batched(call)):
+                continue  # padding=True on one text pads nothing
+            if id(labels) in reported:
+                continue
+            reported.add(id(labels))
+            length = max_length_of(facts, call)
+            padded = f"padded to `max_length={length}`" if padding == "max_length" and length else (
+                "padded to the longest text of the batch" if padding == "longest" else "padded to the model's maximum length"
+            )
+            yield self.report(
+                labels,
+                f"`{snippet(facts, labels)}` copies `input_ids` that `{snippet(facts, call.func)}(...)` {padded}, and "
+                "nothing in the file sets the padding positions to -100: they are counted in the loss (the model "
+                "is trained to predict padding after padding and the loss is diluted by these easy targets).",
+                fix_hint=(
+                    "Mask the padding: `labels[attention_mask == 0] = -100` (per example: "
+                    "`labels = [t if m else -100 for t, m in zip(ids, mask)]`), or tokenize without padding and "
+                    "let `DataCollatorForSeq2Seq` pad labels with -100."
+                ),
+            )
+
+    def _copies(self, facts: FileFacts) -> Iterator[tuple[cst.BaseExpression, cst.Call, int, Scope]]:
+        """(labels expression, tokenizer call of the copied input_ids, order, scope)."""
+        for group in dict_groups(facts):
+            labels, inputs = group.get("labels"), group.get("input_ids")
+            if labels is None or inputs is None:
+                continue
+            a = ids_source(facts, labels.value, labels.order, labels.scope)
+            b = ids_source(facts, inputs.value, inputs.order, inputs.scope)
+            if a is not None and a is b:
+                yield labels.value, a, labels.order, labels.scope
+        for site in facts.calls:
+            labels, inputs = site.arg(keyword="labels"), site.arg(keyword="input_ids")
+            if labels is None or inputs is None:
+                continue
+            a = ids_source(facts, labels, site.order, site.scope)
+            b = ids_source(facts, inputs, site.order, site.scope)
+            if a is not None and a is b:
+                yield labels, a, site.order, site.scope
+        for site in facts.subscript_assigns:
+            target = site.target
+            if not (len(target.slice) == 1 and isinstance(target.slice[0].slice, cst.Index)):
+                continue
+            if string_value(target.slice[0].slice.value) != "labels":
+                continue
+            encoding = encoding_source(facts, target.value, site.order, site.scope)
+            copied = ids_source(facts, site.value, site.order, site.scope)
+            if encoding is not None and copied is encoding:
+                yield site.value, encoding, site.order, site.scope
+
+
+def _batched(call: cst.Call) -> bool:
+    """The tokenizer gets several texts at once (a list display or comprehension)."""
+    first = call.args[0].value if call.args and call.args[0].keyword is None else None
+    return isinstance(first, (cst.List, cst.ListComp))

@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+from gpudoctor.check import apis
+from gpudoctor.check.facts import (
+    TRAIT_PEFT,
+    TRAIT_PREPARED,
+    TRAIT_QUANTIZED,
+    FileFacts,
+    Value,
+    call_arg,
+    is_true,
+    name_key,
+)
+from gpudoctor.check.finding import Severity
+from gpudoctor.check.queries import snippet
+from gpudoctor.check.rule import Rule
+
+_CAST_MESSAGE = (
+    "ValueError: You cannot cast a bitsandbytes model in a new `dtype`. Make sure to load the model using "
+    "`from_pretrained` using the desired `dtype` by passing the correct `dtype` argument."
+)
+_METHOD_MESSAGE = (
+    "ValueError: `.{method}()` is not supported for quantized model. Please use the model as it is, since the model "
+    "has already been casted to the correct `dtype`."
+)
+_CUDA_MESSAGE = (
+    "ValueError: Calling `cuda()` is not supported for `8-bit` quantized models.  Please use the model as it is, "
+    "since the model has already been set to the correct devices."
+)
+
+
+def _quantized_load(value: Value):
+    """The load call of a bitsandbytes model, unless a wrapper (peft, DataParallel, prepare) sits above it:
+    the checks live on ``PreTrainedModel`` and a wrapper's ``.half()`` does not call them."""
+    current = value
+    while current is not None:
+        if TRAIT_QUANTIZED in current.traits:
+            return current.traits[TRAIT_QUANTIZED]
+        if TRAIT_PEFT in current.traits or "wrapper" in current.traits or TRAIT_PREPARED in current.traits:
+            return None
+        current = current.base
+    return None
+
+
+class CastQuantizedModel(Rule):
+    """``.half()``, ``.float()``, ``.to(dtype)`` on a bitsandbytes model, or ``.cuda()`` on an 8-bit one:
+    transformers refuses them. ``.to(device)`` is not flagged (4-bit is allowed; 8-bit needs
+    bitsandbytes >= 0.48, which the file cannot show)."""
+
+    code = "GD203"
+    name = "cast-quantized-model"
+    summary = "Casting a bitsandbytes-quantized model (.half()/.float()/.to(dtype)) or .cuda() on 8-bit"
+    triggers = ("load_in_", "BitsAndBytesConfig")
+
+    def check(self, facts: FileFacts):
+        for site in facts.method_calls("half", "float", "to", "cuda"):
+            if site.receiver is None or site.qualname is not None:
+                continue
+            value = facts.value(site.receiver, site.order, site.scope)
+            if value.kind != "model":
+                continue
+            load = _quantized_load(value)
+            if load is None:
+                continue
+            bits = self._bits(facts, load)
+            if site.method in ("half", "float"):
+                message = _METHOD_MESSAGE.format(method=site.method)
+            elif site.method == "cuda":
+                if bits != 8:
+                    continue
+                message = _CUDA_MESSAGE
+            else:
+                moved = facts.value(site.node, site.order + 1, site.scope)
+                if "cast" not in moved.traits and call_arg(site.node, keyword="dtype") is None:
+                    continue  # .to(device)
+                message = _CAST_MESSAGE
+            kind = f"{bits}-bit" if bits else "bitsandbytes"
+            yield self.report(
+                site.node,
+                f"`{snippet(facts, site.node)}` on {'an' if kind.startswith('8') else 'a'} {kind} model loaded by `{snippet(facts, load)}` raises \"{message}\"",
+                fix_hint="Use the quantized model as loaded: choose the compute dtype at load time "
+                "(`dtype=...`, `bnb_4bit_compute_dtype=...`) and the placement with `device_map=`.",
+                severity=Severity.ERROR,
+            )
+
+    @staticmethod
+    def _bits(facts: FileFacts, load) -> int:
+        if is_true(call_arg(load, keyword="load_in_8bit")):
+            return 8
+        if is_true(call_arg(load, keyword="load_in_4bit")):
+            return 4
+        config = call_arg(load, keyword="quantization_config")
+        if config is not None and name_key(config) is not None:
+            site = facts.call_site(load)
+            binding = facts.binding_at(name_key(config), site.order, site.scope) if site else None
+            config = binding.value if binding is not None else None
+        if config is not None and hasattr(config, "args") and facts.qualname(getattr(config, "func", None)) == apis.BNB_CONFIG:
+            if is_true(call_arg(config, keyword="load_in_8bit")):
+                return 8
+            if is_true(call_arg(config, keyword="load_in_4bit")):
+                return 4
+        return 0

@@ -1,0 +1,129 @@
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from gpudoctor.check.facts import Binding, FileFacts, call_arg, name_key
+from gpudoctor.check.finding import Severity
+from gpudoctor.check.queries import accelerator_kwargs, snippet
+from gpudoctor.check.rule import Rule
+from gpudoctor.check.rules.loop._common import (
+    _ACCUM_WORD,
+    accumulation_guard,
+    in_loop,
+    innermost_loop,
+    is_backward,
+    is_optimizer_step,
+)
+
+
+def _divides(node: Optional[cst.CSTNode]) -> bool:
+    if isinstance(node, cst.BinaryOperation):
+        if isinstance(node.operator, (cst.Divide, cst.FloorDivide, cst.Multiply)):
+            return True
+        return _divides(node.left) or _divides(node.right)
+    return False
+
+
+class AccumulatedLossNotScaled(Rule):
+    """Manual gradient accumulation (``optimizer.step()`` every N micro-batches) where the loss passed
+    to ``backward()`` is not divided by N: the accumulated gradient is the *sum* of N mean gradients,
+    N times too large (effective learning rate and clipping threshold are off by N)."""
+
+    code = "GD406"
+    name = "accumulated-loss-not-scaled"
+    summary = "Manual gradient accumulation without dividing the loss by the number of accumulation steps"
+    severity = Severity.WARNING
+    triggers = ("backward",)
+
+    def check(self, facts: FileFacts):
+        for backward in facts.calls:
+            if not is_backward(facts, backward):
+                continue
+            loop = innermost_loop(backward)
+            if loop is None or accumulation_guard(facts, backward, loop) is not None:
+                continue
+            step = next(
+                (
+                    s
+                    for s in facts.method_calls("step")
+                    if innermost_loop(s) is loop and in_loop(s, loop) and is_optimizer_step(facts, s)
+                    and accumulation_guard(facts, s, loop) is not None
+                ),
+                None,
+            )
+            if step is None:
+                continue
+            loss = self._loss_expr(facts, backward)
+            if loss is None or not self._plain_loss(facts, loss, backward, loop):
+                continue
+            guard = accumulation_guard(facts, step, loop)
+            yield self.report(
+                backward.node,
+                f"`{snippet(facts, backward.node)}` accumulates gradients for `{snippet(facts, step.node)}`, which runs "
+                f"only when `{snippet(facts, guard.test)}`, but the loss is not divided by the number of accumulation "
+                "steps: the update uses the sum of the micro-batch gradients, N times the mean (the effective learning "
+                "rate and the clipping threshold are off by N).",
+                fix_hint="Divide the loss by the number of accumulation steps before backward(): `(loss / accum_steps).backward()`.",
+            )
+
+    @staticmethod
+    def _loss_expr(facts: FileFacts, backward) -> Optional[cst.BaseExpression]:
+        receiver = backward.receiver
+        if backward.qualname == "torch.autograd.backward":
+            return call_arg(backward.node, 0, "tensors")
+        value = facts.value(receiver, backward.order, backward.scope)
+        if value.kind == "accelerator":
+            kwargs = accelerator_kwargs(facts, receiver, backward.order, backward.scope)
+            if "gradient_accumulation_steps" in kwargs:
+                return None  # accelerator.backward divides by the configured steps
+            return call_arg(backward.node, 0, "loss")
+        if isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute) and receiver.func.attr.value == "scale":
+            return call_arg(receiver, 0)
+        return receiver
+
+    @staticmethod
+    def _plain_loss(facts: FileFacts, loss: cst.BaseExpression, backward, loop) -> bool:
+        """True when the loss is certainly an undivided loss: ``outputs.loss``, ``criterion(out, y)``..."""
+        if _divides(loss) or _ACCUM_WORD.search(facts.module.code_for_node(loss)):
+            return False
+        key = name_key(loss)
+        if key is None:
+            return _is_loss_source(facts, loss)
+        # Any in-place division (`loss /= accum`) or rebinding with a division in the loop.
+        for site in facts.aug_assigns:
+            if site.target_key == key and in_loop(site, loop) and site.order < backward.order:
+                return False
+        binding: Optional[Binding] = facts.binding_at(key, backward.order, backward.scope)
+        if binding is None or binding.kind != "assign" or binding.value is None:
+            return False
+        for other in backward.scope.bindings.get(key, ()):
+            if other.order < backward.order and other.value is not None and in_loop(other, loop):
+                if _divides(other.value) or _ACCUM_WORD.search(facts.module.code_for_node(other.value)):
+                    return False
+        return _is_loss_source(facts, binding.value)
+
+
+def _is_loss_source(facts: FileFacts, node: cst.BaseExpression) -> bool:
+    if isinstance(node, cst.Attribute) and node.attr.value == "loss":
+        return True
+    if isinstance(node, cst.Subscript) and node.slice and "loss" in facts.module.code_for_node(node.slice[0]):
+        return True
+    if isinstance(node, cst.Call):
+        q = facts.qualname(node.func)
+        if q and (q.startswith("torch.nn.functional.") and ("loss" in q or "entropy" in q)):
+            return True
+        key = name_key(node.func)
+        if key:
+            binding = facts.binding_at(key, 1 << 30, facts.module_scope)
+            if binding is None:
+                for scope in facts.functions:
+                    if key in scope.bindings:
+                        binding = scope.bindings[key][-1]
+                        break
+            if binding is not None and isinstance(binding.value, cst.Call):
+                bq = facts.qualname(binding.value.func) or ""
+                if bq.startswith("torch.nn.") and bq.endswith("Loss"):
+                    return True
+    return False

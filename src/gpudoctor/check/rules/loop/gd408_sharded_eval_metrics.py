@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from gpudoctor.check.facts import TRAIT_PREPARED, FileFacts, name_key, unwrap_iterable
+from gpudoctor.check.finding import Severity
+from gpudoctor.check.queries import multi_process_severity, snippet
+from gpudoctor.check.rule import Rule
+from gpudoctor.check.rules.loop._common import in_loop, is_backward
+
+_GATHERS = re.compile(r"gather|all_reduce|reduce\(|all_gather|reduce_tensor|sync_across|dist\.reduce|reduce_mean")
+
+
+class ShardedEvalMetrics(Rule):
+    """An evaluation loop over a sharded loader (``accelerator.prepare``-d, or with a
+    ``DistributedSampler``) that accumulates a metric without gathering it across processes: each rank
+    reports the metric of its own shard only."""
+
+    code = "GD408"
+    name = "sharded-eval-metrics"
+    summary = "Metrics computed over a sharded eval loader without gather/all_reduce"
+    severity = Severity.WARNING
+    preview = True
+    triggers = ("prepare", "DistributedSampler")
+
+    def check(self, facts: FileFacts):
+        if _GATHERS.search(facts.source):
+            return
+        severity, why = multi_process_severity(facts)
+        if not severity.fails:
+            return
+        for loop in facts.loops:
+            if loop.iter is None:
+                continue
+            loader = unwrap_iterable(loop.iter)
+            if name_key(loader) is None:
+                continue
+            scope = self._scope(facts, loop)
+            value = facts.value(loader, loop.order, scope)
+            looks_like_loader = value.kind == "dataloader" or bool(re.search(r"loader|dl\b|_dl|data", name_key(loader), re.I))
+            sharded = value.has(TRAIT_PREPARED) and looks_like_loader
+            if not sharded and value.kind == "dataloader" and isinstance(value.origin().node, cst.Call):
+                sampler = value.origin().node
+                text = facts.module.code_for_node(sampler)
+                sharded = "DistributedSampler" in text
+            if not sharded:
+                continue
+            inside = [c for c in facts.calls if in_loop(c, loop)]
+            if any(is_backward(facts, c) for c in inside):
+                continue
+            evaluating = any(facts.under_no_grad(c.context) for c in inside) or any(
+                c.method == "eval" and c.order < loop.order and c.scope is scope for c in facts.calls
+            )
+            if not evaluating:
+                continue
+            metric = next((a for a in facts.aug_assigns if in_loop(a, loop)), None)
+            if metric is None:
+                continue
+            yield self.report(
+                loop.iter,
+                f"This evaluation loop iterates `{snippet(facts, loader)}`, which is sharded across processes ({why}), "
+                f"and accumulates `{snippet(facts, metric.node)}` without any gather/all_reduce: each process reports "
+                "the metric of its own shard only.",
+                fix_hint="Gather predictions and labels (`accelerator.gather_for_metrics(...)`) or all_reduce the "
+                "counts before computing the metric.",
+            )
+
+    @staticmethod
+    def _scope(facts: FileFacts, loop):
+        site = next((c for c in facts.calls if in_loop(c, loop)), None)
+        return site.scope if site is not None else facts.module_scope

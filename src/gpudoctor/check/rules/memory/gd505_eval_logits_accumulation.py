@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from gpudoctor.check import apis
+from gpudoctor.check.facts import FileFacts, call_arg, is_true, name_key
+from gpudoctor.check.finding import Severity
+from gpudoctor.check.queries import language_model_kind, snippet
+from gpudoctor.check.rule import Rule
+
+
+class EvalLogitsAccumulation(Rule):
+    """A ``Trainer`` for a causal LM given ``compute_metrics`` but no ``preprocess_logits_for_metrics``:
+    evaluation keeps the full logits of every eval batch (batch x sequence x vocabulary) on the device
+    until the end of the loop (transformers#8476), then hands them all to ``compute_metrics`` at once."""
+
+    code = "GD505"
+    name = "eval-logits-accumulation"
+    summary = "Trainer(compute_metrics=...) for a causal LM without preprocess_logits_for_metrics: eval keeps all logits"
+    severity = Severity.WARNING
+    triggers = ("compute_metrics",)
+
+    def check(self, facts: FileFacts):
+        if language_model_kind(facts) != "causal":
+            return
+        evaluates = any(True for _ in facts.method_calls("evaluate", "predict"))
+        for site in facts.calls_to(*apis.TRAINERS):
+            metrics = site.arg(keyword="compute_metrics")
+            if metrics is None or (isinstance(metrics, cst.Name) and metrics.value == "None"):
+                continue
+            if site.arg(keyword="preprocess_logits_for_metrics") is not None:
+                continue
+            if site.arg(keyword="eval_dataset") is None and not evaluates:
+                continue
+            args = self._training_args(facts, site)
+            if args is not None:
+                if is_true(call_arg(args, keyword="batch_eval_metrics")) or is_true(call_arg(args, keyword="prediction_loss_only")):
+                    continue
+            accumulation = args is not None and call_arg(args, keyword="eval_accumulation_steps") is not None
+            where = (
+                "with `eval_accumulation_steps` they are moved to host memory every few steps, where they still pile up"
+                if accumulation
+                else "they stay on the GPU until the whole eval set is done"
+            )
+            yield self.report(
+                metrics,
+                f"`{snippet(facts, site.node.func)}(compute_metrics={snippet(facts, metrics, 30)})` without "
+                "`preprocess_logits_for_metrics`: evaluation gathers the full logits of every batch (vocabulary-sized "
+                f"per token: 64-128 KB per token for a 32k vocabulary in 16/32-bit, so ~32-64 MB per 512-token "
+                f"sample) and {where} (transformers#8476). A few hundred eval samples hold gigabytes.",
+                fix_hint=(
+                    "Reduce the logits per batch: `preprocess_logits_for_metrics=lambda logits, labels: "
+                    "logits.argmax(-1)` (then compute_metrics gets token ids), or `batch_eval_metrics=True`."
+                ),
+            )
+
+    @staticmethod
+    def _training_args(facts: FileFacts, site):
+        node = site.arg(1, "args")
+        if isinstance(node, cst.Call):
+            return node
+        key = name_key(node)
+        if key is None:
+            return None
+        binding = facts.binding_at(key, site.order, site.scope)
+        if binding is not None and isinstance(binding.value, cst.Call) and facts.qualname(binding.value.func) in apis.TRAINING_ARGS:
+            return binding.value
+        return None

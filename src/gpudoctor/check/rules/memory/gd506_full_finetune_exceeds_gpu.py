@@ -1,0 +1,136 @@
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import libcst as cst
+
+from gpudoctor.check import apis, versions
+from gpudoctor.check.facts import TRAIT_CAST, TRAIT_PEFT, TRAIT_QUANTIZED, FileFacts, call_arg, string_value
+from gpudoctor.check.finding import Severity
+from gpudoctor.check.queries import checkpoint_name, params_from_name, trained_models
+from gpudoctor.check.rule import Rule
+
+_GB = 1e9
+_GIB = 1024**3
+_DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
+# "6x RTX 3070 Ti (8 GB each)", "2 x A100 80GB", "4×24GB"
+_COUNT_AND_SIZE = re.compile(r"\b(\d{1,2})\s*[x×]\s*[^\n,;]{0,30}?(\d{1,3}(?:\.\d+)?)\s*(GB|GiB|G)\b", re.IGNORECASE)
+# "a 24 GB GPU", "16GB VRAM", "8 GB 显存"
+_SIZE_GPU = re.compile(r"\b(\d{1,3}(?:\.\d+)?)\s*(GB|GiB)\s*(?:of\s+)?(?:GPU|VRAM|video memory|显存|graphics card)", re.IGNORECASE)
+# A pasted OOM message: "GPU 0 has a total capacty of 7.58 GiB"
+_OOM_CAPACITY = re.compile(r"GPU \d+ has a total capac\w* of (\d+(?:\.\d+)?) GiB")
+_SHARDED = re.compile(r"(?i:deepspeed|\bfsdp|FullyShardedDataParallel|zero_stage|zero[_-]?3|offload_optimizer)|\bZeRO\b")
+_CHEAP_OPTIMIZERS = re.compile(r"8bit|paged|adafactor|sgd|lion|galore|lomo", re.IGNORECASE)
+
+
+def stated_gpus(source: str) -> Optional[tuple[int, float, str]]:
+    """(number of GPUs, GB per GPU, the text that says so) from comments, strings or a pasted OOM message."""
+    match = _COUNT_AND_SIZE.search(source)
+    if match and not re.match(r"\s*(RAM|memory\b(?! of the GPU))", source[match.end() : match.end() + 8], re.IGNORECASE):
+        size = float(match.group(2)) * (1.0737 if match.group(3).lower() == "gib" else 1.0)
+        return int(match.group(1)), size, match.group(0)
+    match = _OOM_CAPACITY.search(source)
+    if match:
+        return 1, float(match.group(1)) * 1.0737, match.group(0)
+    match = _SIZE_GPU.search(source)
+    if match:
+        size = float(match.group(1)) * (1.0737 if match.group(2).lower() == "gib" else 1.0)
+        return 1, size, match.group(0)
+    return None
+
+
+class FullFinetuneExceedsGpu(Rule):
+    """Full fine-tuning with Adam of a model whose checkpoint name gives its size (``Llama-2-7b``) on
+    hardware the file states (``6x RTX 3070 Ti (8 GB)``), when weights + gradients + the two Adam
+    moments alone (4 x the weight size: 16 B/param in float32, 8 B/param in 16-bit) exceed the memory
+    that can hold them. Activations come on top, so the estimate is a lower bound."""
+
+    code = "GD506"
+    name = "full-finetune-exceeds-gpu"
+    summary = "Full fine-tune with Adam whose weights+grads+Adam state exceed the GPU memory the file states"
+    severity = Severity.WARNING
+    preview = True
+    triggers = ("from_pretrained",)
+
+    def check(self, facts: FileFacts):
+        if "requires_grad" in facts.source or any(c.qualname in apis.DATA_PARALLEL for c in facts.calls):
+            return  # frozen parts (unknown trained size), or DataParallel (GD112 speaks)
+        hardware = stated_gpus(facts.source)
+        if hardware is None:
+            return
+        count, per_gpu, said = hardware
+        sharded = _SHARDED.search(facts.source)
+        capacity = per_gpu * count if sharded else per_gpu
+        seen = set()
+        for model, site, how in trained_models(facts):
+            if site.qualname in apis.GET_PEFT_MODEL:
+                continue
+            value = facts.value(model, site.order, site.scope)
+            if value.kind != "model" or value.has(TRAIT_PEFT) or value.has(TRAIT_QUANTIZED):
+                continue
+            origin = value.origin()
+            if not origin.trait("class") or not isinstance(origin.node, cst.Call) or id(origin.node) in seen:
+                continue
+            optimizer = self._adam(facts, site)
+            if optimizer is None:
+                continue
+            load = facts.call_site(origin.node)
+            name = checkpoint_name(facts, origin.node, load.order, load.scope) if load else None
+            params = params_from_name(name)
+            if params is None:
+                continue
+            weight_bytes, dtype_note = self._weight_bytes(facts, origin.node, value)
+            per_param = 4 * weight_bytes
+            need = params * per_param / _GB
+            if need <= capacity:
+                continue
+            seen.add(id(origin.node))
+            bound = (
+                f"{count} x {per_gpu:.0f} GB = {capacity:.0f} GB in all (sharded)" if sharded
+                else f"{per_gpu:.0f} GB per GPU (nothing shards the model, so each GPU holds all of it)"
+            )
+            yield self.report(
+                site.node,
+                f"Full fine-tuning of `{name}` (~{params / 1e9:g}B parameters by its name) with {optimizer} via {how}: "
+                f"weights + gradients + Adam's two moments = 4 x {weight_bytes} B/param ({dtype_note}) = "
+                f"~{need:.0f} GB before any activation, but the file states \"{said}\": {bound}. This runs out of "
+                "memory.",
+                fix_hint="Train adapters instead (peft LoRA, QLoRA with 4-bit weights), use an 8-bit/paged optimizer, "
+                "or shard weights, gradients and optimizer state over the GPUs (DeepSpeed ZeRO-3 / FSDP, with CPU offload "
+                "when even that is short).",
+            )
+
+    @staticmethod
+    def _adam(facts: FileFacts, site) -> Optional[str]:
+        if site.qualname and apis.is_optimizer(site.qualname):
+            name = site.qualname.split(".")[-1]
+            return f"`{name}`" if name in ("Adam", "AdamW") else None
+        if site.qualname in apis.TRAINERS:
+            args = site.arg(1, "args")
+            text = facts.module.code_for_node(args) if args is not None else ""
+            if isinstance(args, cst.Name):
+                binding = facts.binding_at(args.value, site.order, site.scope)
+                if binding is not None and binding.value is not None:
+                    text = facts.module.code_for_node(binding.value)
+            optim = re.search(r"optim\s*=\s*['\"]([^'\"]+)", text)
+            if (optim and _CHEAP_OPTIMIZERS.search(optim.group(1))) or _SHARDED.search(text):
+                return None
+            return "AdamW (the Trainer default)"
+        return None
+
+    @staticmethod
+    def _weight_bytes(facts: FileFacts, call: cst.Call, value) -> tuple[int, str]:
+        cast = value.trait(TRAIT_CAST)
+        if cast and cast[0] in _DTYPE_BYTES:
+            return _DTYPE_BYTES[cast[0]], f"`{cast[0]}` weights"
+        dtype = call_arg(call, keyword="dtype") or call_arg(call, keyword="torch_dtype")
+        if dtype is not None:
+            q = facts.qualname(dtype) or ""
+            name = q.split(".")[-1] if q.startswith("torch.") else string_value(dtype) or ""
+            if name in _DTYPE_BYTES:
+                return _DTYPE_BYTES[name], f"`{name}` weights"
+        version = versions.major_minor(versions.assumed("transformers")[0]) or (5, 0)
+        if version >= (5, 0):
+            return 2, f"{versions.describe('transformers')} loads the checkpoint's dtype (`dtype=\"auto\"`); 16-bit assumed"
+        return 4, f"{versions.describe('transformers')} loads float32 unless `dtype=` is given"

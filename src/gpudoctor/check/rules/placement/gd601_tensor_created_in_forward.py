@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from gpudoctor.check.facts import FileFacts
+from gpudoctor.check.finding import Severity
+from gpudoctor.check.queries import snippet
+from gpudoctor.check.rule import Rule
+from gpudoctor.check.rules.placement._common import (
+    creation_qualname,
+    file_sets_default_device,
+    is_scalar_tensor,
+    method_scopes,
+    mixing_use,
+    module_classes,
+)
+
+
+class TensorCreatedInForward(Rule):
+    """``torch.zeros/ones/arange/randn/tensor...`` without ``device=`` inside an ``nn.Module.forward``,
+    combined with the inputs or the module's weights: the new tensor is on the CPU while they are on
+    the accelerator. Silent when the tensor is placed (``.to(x)``, ``device=``), only indexes, is a
+    0-dim scalar (CPU scalars mix with CUDA tensors), or ``torch.set_default_device`` is used."""
+
+    code = "GD601"
+    name = "tensor-created-in-forward"
+    summary = "Tensor created in nn.Module.forward without device= and mixed with the inputs"
+    severity = Severity.WARNING
+    triggers = ("forward",)
+
+    def check(self, facts: FileFacts):
+        if file_sets_default_device(facts):
+            return
+        for class_name in module_classes(facts):
+            for scope in method_scopes(facts, class_name):
+                if scope.name != "forward":
+                    continue
+                for site in facts.calls:
+                    if site.scope is not scope:
+                        continue
+                    q = creation_qualname(facts, site.node)
+                    if q is None or is_scalar_tensor(facts, site.node):
+                        continue
+                    use = mixing_use(facts, site.node, scope.node)
+                    if use is None:
+                        continue
+                    yield self.report(
+                        site.node,
+                        f"`{snippet(facts, site.node)}` in `{class_name}.forward` is created on the default device "
+                        f"(CPU) and then meets the inputs or weights in `{snippet(facts, use, 50)}`; once the model "
+                        "is on an accelerator this raises \"Expected all tensors to be on the same device, but found "
+                        "at least two devices, cuda:0 and cpu!\" (`.to()` moves parameters and buffers, never "
+                        "tensors created while running).",
+                        fix_hint="Create it where the data is: add `device=x.device` (and `dtype=x.dtype` if needed), "
+                        "or use `torch.zeros_like(x)` / `x.new_zeros(...)`.",
+                    )

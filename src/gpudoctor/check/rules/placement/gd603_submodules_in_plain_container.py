@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from gpudoctor.check.facts import FileFacts, name_key
+from gpudoctor.check.finding import Severity
+
+from gpudoctor.check.rule import Rule
+from gpudoctor.check.rules.placement._common import is_module_constructor, method_scopes, module_classes, parents
+
+# Calls that take the container without registering anything... and calls that may register it.
+_HARMLESS = {"len", "enumerate", "zip", "reversed", "iter", "range", "print", "isinstance"}
+
+
+class SubmodulesInPlainContainer(Rule):
+    """``self.layers = [nn.Linear(...) for _ in range(n)]`` (or a dict, or ``self.layers.append(Block())``)
+    in an ``nn.Module.__init__``: modules in a Python list/dict are not registered, so ``.to()``/``.cuda()``
+    do not move them, ``parameters()`` does not list them (the optimizer never trains them) and
+    ``state_dict()`` does not save them. Silent when the container is handed to ``nn.ModuleList``,
+    ``nn.Sequential``, ``add_module``, ``setattr`` or any other call that may register it."""
+
+    code = "GD603"
+    name = "submodules-in-plain-container"
+    summary = "Submodules kept in a Python list/dict attribute instead of nn.ModuleList/nn.ModuleDict"
+    severity = Severity.ERROR
+    triggers = ("self.",)
+
+    def check(self, facts: FileFacts):
+        for class_name in module_classes(facts):
+            methods = method_scopes(facts, class_name)
+            if any(site.scope in methods for site in facts.method_calls("add_module", "register_module")):
+                continue
+            if any(site.scope in methods and isinstance(site.node.func, cst.Name) and site.node.func.value == "setattr"
+                   for site in facts.calls):
+                continue
+            for key, bindings in facts.class_attrs.get(class_name, {}).items():
+                init = [b for b in bindings if b.scope.name == "__init__" and b.kind == "assign"]
+                if len(init) != 1 or len(bindings) != 1:
+                    continue
+                binding = init[0]
+                kind, example = self._container(facts, binding.value, key, methods)
+                if kind is None or self._registered_elsewhere(facts, key, methods):
+                    continue
+                wrapper = "nn.ModuleDict" if kind == "dict" else "nn.ModuleList"
+                yield self.report(
+                    binding.target,
+                    f"`{key}` holds modules ({example}) in a plain Python {kind}, so `{class_name}` does not register "
+                    f"them: `model.to(device)`/`.cuda()` leave them on the CPU (\"Expected all tensors to be on the same "
+                    "device\" once the rest is on the accelerator), `model.parameters()` omits them so the optimizer "
+                    "never trains them, and `state_dict()` does not save them.",
+                    fix_hint=f"Wrap it: `{key} = {wrapper}(...)`.",
+                )
+
+    def _container(self, facts: FileFacts, value, key: str, methods) -> tuple[Optional[str], str]:
+        if isinstance(value, (cst.List, cst.Tuple)):
+            for element in value.elements:
+                name = is_module_constructor(facts, element.value)
+                if name:
+                    return ("list" if isinstance(value, cst.List) else "tuple"), f"`{name}(...)`"
+            if not value.elements:
+                # self.layers = [] then self.layers.append(Block())
+                for site in facts.method_calls("append", "extend", "insert"):
+                    if site.scope in methods and name_key(site.receiver) == key and site.node.args:
+                        arg = site.node.args[-1].value
+                        name = is_module_constructor(facts, arg)
+                        if name is None and isinstance(arg, (cst.List, cst.ListComp)):
+                            inner = arg.elements[0].value if isinstance(arg, cst.List) and arg.elements else getattr(arg, "elt", None)
+                            name = is_module_constructor(facts, inner)
+                        if name:
+                            return "list", f"`{name}(...)` appended"
+            return None, ""
+        if isinstance(value, (cst.ListComp, cst.GeneratorExp)) and not isinstance(value, cst.GeneratorExp):
+            name = is_module_constructor(facts, value.elt)
+            return ("list", f"`{name}(...)`") if name else (None, "")
+        if isinstance(value, cst.Dict):
+            for element in value.elements:
+                if isinstance(element, cst.DictElement):
+                    name = is_module_constructor(facts, element.value)
+                    if name:
+                        return "dict", f"`{name}(...)`"
+            return None, ""
+        if isinstance(value, cst.DictComp):
+            name = is_module_constructor(facts, value.value)
+            return ("dict", f"`{name}(...)`") if name else (None, "")
+        return None, ""
+
+    def _registered_elsewhere(self, facts: FileFacts, key: str, methods) -> bool:
+        """The container is passed to a call (nn.ModuleList(self.layers), nn.Sequential(*self.layers), a helper)."""
+        for _, node, scope in facts.name_loads.get(key, ()):
+            if scope not in methods:
+                return True  # used from outside the class: unknown
+            up = parents(facts, scope.node)
+            parent = up.get(id(node))
+            if isinstance(parent, cst.Arg):
+                call = up.get(id(parent))
+                func = call.func if isinstance(call, cst.Call) else None
+                if not (isinstance(func, cst.Name) and func.value in _HARMLESS):
+                    return True
+        return False

@@ -1,0 +1,146 @@
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from gpudoctor.check.facts import FileFacts, call_arg, name_key
+from gpudoctor.check.finding import Severity
+from gpudoctor.check.queries import snippet
+from gpudoctor.check.rule import Rule
+from gpudoctor.check.rules.placement._common import (
+    PLACING_METHODS,
+    creation_qualname,
+    file_sets_default_device,
+    module_classes,
+    moves_to_accelerator,
+)
+
+# Loss modules whose class weight is kept as a buffer (moved only by criterion.to()).
+_LOSS_MODULES = {
+    "torch.nn.CrossEntropyLoss": ("weight", 0),
+    "torch.nn.NLLLoss": ("weight", 0),
+    "torch.nn.BCELoss": ("weight", 0),
+    "torch.nn.BCEWithLogitsLoss": ("weight", 0),
+    "torch.nn.MultiLabelSoftMarginLoss": ("weight", 0),
+    "torch.nn.MultiMarginLoss": ("weight", 2),
+}
+_LOSS_EXTRA = {"torch.nn.BCEWithLogitsLoss": "pos_weight"}
+_LOSS_FUNCTIONS = {
+    "torch.nn.functional.cross_entropy",
+    "torch.nn.functional.nll_loss",
+    "torch.nn.functional.binary_cross_entropy",
+    "torch.nn.functional.binary_cross_entropy_with_logits",
+    "torch.nn.functional.multilabel_soft_margin_loss",
+}
+
+
+class LossWeightOnCpu(Rule):
+    """``nn.CrossEntropyLoss(weight=torch.tensor([...]))`` (or ``F.cross_entropy(..., weight=...)``) with a
+    weight created on the CPU, in code whose model runs on an accelerator: the loss kernel receives CUDA
+    logits and a CPU weight. Silent when the criterion or the weight is moved (``.to(device)``), created
+    with ``device=``, or the criterion is a submodule of an ``nn.Module`` (then ``model.to()`` moves it)."""
+
+    code = "GD604"
+    name = "loss-weight-on-cpu"
+    summary = "Loss weight/pos_weight created on the CPU while the model runs on an accelerator"
+    severity = Severity.WARNING
+    triggers = ("weight",)
+
+    def check(self, facts: FileFacts):
+        if file_sets_default_device(facts):
+            return
+        evidence = moves_to_accelerator(facts)
+        trainer_classes = self._trainer_classes(facts)
+        placed_receivers = {id(s.receiver) for s in facts.calls if s.method in PLACING_METHODS and s.receiver is not None}
+        modules = module_classes(facts)
+        for site in facts.calls:
+            q = site.qualname
+            if q in _LOSS_MODULES:
+                keyword, position = _LOSS_MODULES[q]
+                weights = [(keyword, site.arg(position, keyword))]
+                if q in _LOSS_EXTRA:
+                    weights.append((_LOSS_EXTRA[q], site.arg(None, _LOSS_EXTRA[q])))
+                if id(site.node) in placed_receivers:
+                    continue  # nn.CrossEntropyLoss(weight=w).to(device)
+                if self._criterion_placed(facts, site, modules, placed_receivers):
+                    continue
+            elif q in _LOSS_FUNCTIONS:
+                weights = [("weight", site.arg(None, "weight")), ("pos_weight", site.arg(None, "pos_weight"))]
+            else:
+                continue
+            for keyword, weight in weights:
+                cpu = self._cpu_weight(facts, weight, site)
+                if cpu is None:
+                    continue
+                in_trainer = site.scope.class_name in trainer_classes
+                if evidence:
+                    why, severity = f"the file puts work on an accelerator ({evidence})", Severity.ERROR
+                elif in_trainer:
+                    why, severity = "the Trainer moves the model to `args.device` (a GPU when there is one)", Severity.WARNING
+                else:
+                    why, severity = "once the model and the batch are on an accelerator", Severity.WARNING
+                made = "" if cpu is weight else f" by `{snippet(facts, cpu, 40)}`"
+                yield self.report(
+                    weight,
+                    f"`{keyword}={snippet(facts, weight, 40)}` is created on the CPU{made} and "
+                    f"handed to `{q.replace('torch.nn.functional.', 'F.').replace('torch.nn.', 'nn.')}`; {why}, the "
+                    "loss receives accelerator logits with a CPU weight: \"Expected all tensors to be on the same "
+                    "device, but found at least two devices, cuda:0 and cpu!\"",
+                    fix_hint="Create the weight on the logits' device (`torch.tensor([...], device=logits.device)`) or "
+                    "move the criterion with the model (`criterion.to(device)`; its weight is a buffer).",
+                    severity=severity,
+                )
+
+    def _trainer_classes(self, facts: FileFacts) -> set[str]:
+        from gpudoctor.check.rules.placement._common import class_defs
+        from gpudoctor.check import apis
+
+        out = set()
+        for node in class_defs(facts):
+            for base in node.bases:
+                if facts.qualname(base.value) in apis.TRAINERS:
+                    out.add(node.name.value)
+        return out
+
+    def _criterion_placed(self, facts: FileFacts, site, modules, placed_receivers) -> bool:
+        for binding in facts._bindings_of_value(site.node):
+            if binding.key.startswith("self.") and binding.scope.class_name in modules:
+                return True  # a submodule: model.to() moves its buffers
+            for call in facts.calls:
+                if call.method in PLACING_METHODS and name_key(call.receiver) == binding.key:
+                    return True
+            if binding.key.startswith("self.") or binding.kind != "assign":
+                continue
+            # the criterion is handed to something that may place it (a helper, a Trainer argument)
+            for call in facts.calls:
+                if call.order > binding.order and any(name_key(a.value) == binding.key for a in call.node.args):
+                    if facts.call_site(call.node) is not None and name_key(call.node.func) != binding.key:
+                        return True
+        return False
+
+    def _cpu_weight(self, facts: FileFacts, weight, site) -> Optional[cst.CSTNode]:
+        if weight is None:
+            return None
+        if creation_qualname(facts, weight) and _vector(facts, weight):
+            return weight
+        key = name_key(weight)
+        if key is None:
+            return None
+        binding = facts.binding_at(key, site.order, site.scope)
+        if binding is None or binding.kind != "assign" or binding.value is None:
+            return None
+        if not (creation_qualname(facts, binding.value) and _vector(facts, binding.value)):
+            return None
+        for call in facts.calls:
+            if call.method in PLACING_METHODS and name_key(call.receiver) == key and call.order > binding.order:
+                return None
+        return binding.value
+
+
+def _vector(facts: FileFacts, call: cst.Call) -> bool:
+    q = facts.qualname(call.func) or ""
+    if q in ("torch.tensor", "torch.as_tensor", "torch.FloatTensor", "torch.Tensor"):
+        first = call_arg(call, 0, "data")
+        return first is not None and not isinstance(first, (cst.Integer, cst.Float))
+    return True

@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from gpudoctor.check.facts import CallSite, FileFacts, name_key
+from gpudoctor.check.finding import Severity
+from gpudoctor.check.queries import snippet
+from gpudoctor.check.rule import Rule
+from gpudoctor.check.rules.placement._common import PLACING_METHODS, moves_to_accelerator, placement
+
+
+class SecondModelInputsElsewhere(Rule):
+    """A second model (reference, reward, teacher) that was loaded and never placed (no ``device_map``,
+    no ``.to()``, not handed to a Trainer/``prepare``/helper) is called with inputs that were moved for
+    the first model (``batch.to(model.device)``, ``.to("cuda")``): the inputs are on the accelerator,
+    its weights on the CPU. ``generate`` is not reported (it moves CPU inputs; a plain forward does not)."""
+
+    code = "GD609"
+    name = "second-model-inputs-elsewhere"
+    summary = "A second model (reference/teacher/reward) left on the CPU is fed inputs placed for the first"
+    severity = Severity.ERROR
+    triggers = (".to(", ".cuda(")
+
+    def check(self, facts: FileFacts):
+        evidence = moves_to_accelerator(facts)
+        for site in facts.calls:
+            b_key = name_key(site.node.func)
+            if b_key is None or facts.value(site.node.func, site.order, site.scope).kind != "model":
+                continue
+            if placement(facts, site.node.func, site.order, site.scope) != "unplaced":
+                continue
+            if self._handed_over(facts, b_key, site):
+                continue
+            for arg in site.node.args:
+                moved = self._moved_input(facts, arg.value, site)
+                if moved is None:
+                    continue
+                move_call, target_model = moved
+                if target_model == b_key:
+                    continue
+                placed_for = f"for `{target_model}`" if target_model else ""
+                severity = Severity.ERROR if evidence or target_model else Severity.WARNING
+                yield self.report(
+                    site.node,
+                    f"`{b_key}` is never placed (loaded on the CPU, not moved, not given a device map), but it is called "
+                    f"with `{snippet(facts, arg.value, 30)}`, which `{snippet(facts, move_call, 50)}` put on the device "
+                    f"{placed_for}; the forward mixes devices: \"Expected all tensors to be on the same device, but found "
+                    "at least two devices, cuda:0 and cpu!\"",
+                    fix_hint=f"Place `{b_key}` too (`{b_key}.to(device)`, `device_map=`, or pass it to the trainer / "
+                    "`accelerator.prepare`), or send its own inputs to its device.",
+                    severity=severity,
+                )
+                break
+
+    def _handed_over(self, facts: FileFacts, key: str, site: CallSite) -> bool:
+        for call in facts.calls:
+            if call is site:
+                continue
+            if any(name_key(a.value) == key for a in call.node.args):
+                return True
+            if call.method in PLACING_METHODS and name_key(call.receiver) == key:
+                return True
+        return False
+
+    def _moved_input(self, facts: FileFacts, node, site: CallSite) -> Optional[tuple[cst.Call, Optional[str]]]:
+        """(the .to call, the model whose device it targets) for an input moved to an accelerator."""
+        call = node
+        key = name_key(node)
+        if key is not None:
+            binding = facts.binding_at(key, site.order, site.scope)
+            if binding is None or binding.kind != "assign":
+                return None
+            call = binding.value
+        if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value in ("to", "cuda")):
+            return None
+        if call.func.attr.value == "cuda":
+            return call, None
+        target = call.args[0].value if call.args else None
+        if isinstance(target, cst.Attribute) and target.attr.value == "device":
+            owner = name_key(target.value)
+            if owner and facts.value(target.value, site.order, site.scope).kind == "model":
+                if placement(facts, target.value, site.order, site.scope) in ("placed", "dispatched"):
+                    return call, owner
+            return None
+        from gpudoctor.check.facts import string_value
+
+        text = string_value(target)
+        if text and text.startswith("cuda"):
+            return call, None
+        return None

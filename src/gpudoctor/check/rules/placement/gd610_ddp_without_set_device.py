@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from gpudoctor.check import apis
+from gpudoctor.check.facts import CallSite, FileFacts, name_key, string_value
+from gpudoctor.check.finding import Severity
+from gpudoctor.check.queries import snippet
+from gpudoctor.check.rule import Rule
+
+_SET_DEVICE = {"torch.cuda.set_device", "torch.accelerator.set_device_index", "torch.cuda.device", "torch.xpu.set_device",
+               "torch.npu.set_device"}
+_PLACES_PER_RANK = {"accelerate.Accelerator", "accelerate.PartialState"}
+
+
+class DdpWithoutSetDevice(Rule):
+    """``DistributedDataParallel`` with the model moved to a device *without an index* (``.cuda()``,
+    ``.to("cuda")``, ``torch.device("cuda")``) and no ``torch.cuda.set_device(local_rank)`` anywhere: the
+    current device of every rank is GPU 0, so every rank puts its replica on GPU 0. Silent when the
+    index is given (``.to(local_rank)``, ``f"cuda:{rank}"``), when ``CUDA_VISIBLE_DEVICES`` is set by the
+    script, or when accelerate places the processes."""
+
+    code = "GD610"
+    name = "ddp-without-set-device"
+    summary = "DDP with the model on 'cuda' (no index) and no torch.cuda.set_device(local_rank): every rank uses GPU 0"
+    severity = Severity.ERROR
+    triggers = ("DistributedDataParallel", "DDP")
+
+    def check(self, facts: FileFacts):
+        if facts.calls_to(*_SET_DEVICE, *_PLACES_PER_RANK) or "CUDA_VISIBLE_DEVICES" in facts.source:
+            return
+        ranks = [h for h in facts.launch_hints if h != "DistributedDataParallel"]
+        if not ranks:
+            return  # nothing shows several processes
+        for site in facts.calls_to(*apis.DISTRIBUTED_DATA_PARALLEL):
+            module = site.arg(0, "module")
+            move = self._indexless_move(facts, module, site.order, site.scope)
+            if move is None:
+                continue
+            ids = site.arg(1, "device_ids")
+            if isinstance(ids, (cst.List, cst.Tuple)) and all(isinstance(e.value, cst.Integer) for e in ids.elements):
+                continue  # a fixed device: not the per-rank pattern
+            yield self.report(
+                site.node,
+                f"`{snippet(facts, module, 30)}` was put on the accelerator by `{snippet(facts, move.node, 40)}`, which "
+                "names no device index, and the script never calls `torch.cuda.set_device(local_rank)`: on every rank "
+                "the current device is `cuda:0`, so all replicas (and their activations) land on GPU 0, and NCCL stops "
+                "with \"Duplicate GPU detected : rank 1 and rank 0 both on CUDA device ...\" (or GPU 0 runs out of "
+                "memory).",
+                fix_hint="Right after `init_process_group`, call `torch.cuda.set_device(local_rank)` (local_rank = "
+                "`int(os.environ[\"LOCAL_RANK\"])`), and use `device_ids=[local_rank]`.",
+            )
+
+    def _indexless_move(self, facts: FileFacts, node, order: int, scope, depth: int = 0) -> Optional[CallSite]:
+        if node is None or depth > 4:
+            return None
+        if isinstance(node, cst.Call):
+            site = facts.call_site(node)
+            if site is not None and site.method in ("cuda", "to") and self._indexless(facts, site):
+                return site
+            if isinstance(node.func, cst.Attribute) and node.func.attr.value in apis.MODULE_MOVES:
+                return None
+            return None
+        key = name_key(node)
+        if key is None:
+            return None
+        binding = facts.binding_at(key, order, scope)
+        if binding is None or binding.kind != "assign":
+            return None
+        for site in facts.calls:
+            if binding.order < site.order < order and name_key(site.receiver) == key and site.method in apis.MODULE_MOVES:
+                return site if self._indexless(facts, site) else None
+        return self._indexless_move(facts, binding.value, binding.order, binding.scope, depth + 1)
+
+    def _indexless(self, facts: FileFacts, site: CallSite) -> bool:
+        if site.method == "cuda":
+            return not site.node.args
+        target = site.arg(0, "device")
+        return target is not None and self._cuda_without_index(facts, target, site, 0)
+
+    def _cuda_without_index(self, facts: FileFacts, node, site: CallSite, depth: int) -> bool:
+        if depth > 3:
+            return False
+        if string_value(node) == "cuda":
+            return True
+        if isinstance(node, cst.Call) and facts.qualname(node.func) == "torch.device" and len(node.args) == 1:
+            return string_value(node.args[0].value) == "cuda"
+        key = name_key(node)
+        if key is not None:
+            binding = facts.binding_at(key, site.order, site.scope)
+            if binding is not None and binding.kind == "assign":
+                return self._cuda_without_index(facts, binding.value, site, depth + 1)
+        return False

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from gpudoctor.check.facts import DeviceMap, FileFacts, string_value
+from gpudoctor.check.finding import Severity
+from gpudoctor.check.queries import snippet
+from gpudoctor.check.rule import Rule
+
+
+class InputsToOffloadedModelDevice(Rule):
+    """``inputs.to(model.device)`` (or ``device=model.device``) where the model's device map offloads its
+    *first* module: ``model.device`` is the first parameter's device, which is ``meta`` for offloaded
+    weights. Only explicit maps are reported: ``"auto"`` fills the GPUs first, so the embedding stays
+    resident and ``model.device`` is ``cuda:0``."""
+
+    code = "GD612"
+    name = "inputs-to-offloaded-model-device"
+    summary = "inputs.to(model.device) when the device map offloads the model's first module (model.device is meta)"
+    severity = Severity.ERROR
+    triggers = (".device",)
+
+    def check(self, facts: FileFacts):
+        for site in facts.calls:
+            for arg in site.node.args:
+                if arg.keyword is not None and arg.keyword.value != "device":
+                    continue
+                if arg.keyword is None and site.method != "to":
+                    continue
+                target = arg.value
+                if not (isinstance(target, cst.Attribute) and target.attr.value == "device"):
+                    continue
+                value = facts.value(target.value, site.order, site.scope)
+                if value.kind != "model":
+                    continue
+                device_map = value.trait("device_map")
+                first = self._first_entry(facts, device_map)
+                if first is None:
+                    continue
+                module, device = first
+                if device == "disk":
+                    why = f"its device map puts the first module (`{module}`) on disk"
+                elif device == "cpu" and (device_map.devices - {"cpu", "disk"}):
+                    why = (f"its device map puts the first module (`{module}`) on the CPU while a GPU is the "
+                           "execution device, so accelerate offloads it")
+                else:
+                    continue
+                owner = snippet(facts, target.value, 30)
+                yield self.report(
+                    target,
+                    f"`{owner}.device` is the device of the model's first parameter, and {why}: that parameter is a "
+                    f"`meta` placeholder, so `{snippet(facts, site.node, 50)}` targets `meta` and the forward raises "
+                    "\"NotImplementedError: Cannot copy out of meta tensor; no data!\" (`generate`: \"Tensor.item() "
+                    "cannot be called on meta tensors\").",
+                    fix_hint="Leave the inputs on the CPU (the accelerate hooks move them), or send them to the first "
+                    "GPU of the map (e.g. `.to(0)`).",
+                )
+
+    def _first_entry(self, facts: FileFacts, device_map: Optional[DeviceMap]) -> Optional[tuple[str, str]]:
+        if device_map is None or device_map.strategy != "explicit" or not isinstance(device_map.node, cst.Dict):
+            return None
+        elements = [e for e in device_map.node.elements if isinstance(e, cst.DictElement)]
+        if not elements:
+            return None
+        key = string_value(elements[0].key)
+        value = elements[0].value
+        device = string_value(value)
+        if device is None and isinstance(value, cst.Integer):
+            device = value.value
+        if key is None or device is None:
+            return None
+        leaf = key.split(".")[-1]
+        if not (any(w in leaf for w in _FIRST_MODULE_WORDS) or key in _WHOLE_BODY):
+            return None  # the map's first key is not necessarily the first parameter's module
+        return key, device
+
+
+_FIRST_MODULE_WORDS = ("embed", "wte", "word_embeddings", "shared")
+_WHOLE_BODY = {"model", "transformer", "gpt_neox", "base_model", "model.model", "encoder", "model.decoder"}

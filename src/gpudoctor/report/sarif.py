@@ -1,0 +1,123 @@
+"""``--output-format sarif``: SARIF 2.1.0 for GitHub code scanning and other SARIF viewers.
+
+One run; ``tool.driver.rules`` lists the rules the results reference (id, name, short and full
+description from the rule doc, help text and ``helpUri``); each result has ``ruleId``/``ruleIndex``,
+``level`` (error / warning / note), the message and a physical location (relative URI + 1-based region,
+``endColumn`` exclusive as SARIF wants). Notebook findings name their cell in the message and in
+``properties.cell``. Files that could not be checked become tool execution notifications.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path, PurePosixPath
+from typing import Optional, Sequence
+from urllib.parse import quote
+
+from gpudoctor import __version__
+from gpudoctor.check.finding import Finding, Severity
+
+SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
+INFORMATION_URI = "https://github.com/gpudoctor/gpudoctor"
+RULES_URI = INFORMATION_URI + "/blob/main/rules/{code}-{name}.md"
+LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
+
+
+def artifact_uri(path: str) -> str:
+    """A relative path stays relative (posix, percent-encoded); an absolute one becomes a file URI."""
+    candidate = Path(path)
+    if candidate.is_absolute():
+        return candidate.as_uri()
+    parts = PurePosixPath(path.replace(os.sep, "/")).parts
+    parts = [p for p in parts if p not in (".", "")]
+    return quote("/".join(parts), safe="/!$&'()*+,;=:@")
+
+
+def _rule_entry(code: str, name: str, summary: str, doc: Optional[str]) -> dict:
+    from gpudoctor.check.docs import sections
+
+    entry: dict = {"id": code, "name": name, "shortDescription": {"text": summary or name}}
+    if doc:
+        parts = sections(doc)
+        what = parts.get("What it does", "").strip()
+        if what:
+            entry["fullDescription"] = {"text": what}
+        entry["help"] = {"text": doc, "markdown": doc}
+    entry["helpUri"] = RULES_URI.format(code=code, name=name)
+    return entry
+
+
+def _rules(findings: Sequence[Finding]) -> tuple[list[dict], dict[str, int]]:
+    from gpudoctor.check.docs import read_doc
+    from gpudoctor.check.registry import rule_by_code
+
+    entries: list[dict] = []
+    index: dict[str, int] = {}
+    for finding in findings:
+        if finding.code in index:
+            continue
+        rule = rule_by_code(finding.code)
+        summary = rule.summary if rule is not None else finding.name
+        doc = read_doc(finding.code, finding.name)
+        entry = _rule_entry(finding.code, finding.name, summary, doc)
+        entry["defaultConfiguration"] = {"level": LEVEL[rule.severity if rule is not None else finding.severity]}
+        index[finding.code] = len(entries)
+        entries.append(entry)
+    return entries, index
+
+
+def _result(finding: Finding, rule_index: int) -> dict:
+    text = finding.message
+    if finding.cell is not None:
+        text = f"[cell {finding.cell}] {text}"
+    if finding.fix_hint:
+        text = f"{text}\nFix: {finding.fix_hint}"
+    region = {
+        "startLine": max(finding.line, 1),
+        "startColumn": max(finding.column, 1),
+        "endLine": max(finding.end_line or finding.line, 1),
+        "endColumn": max(finding.end_column or finding.column + 1, 1),
+    }
+    if finding.source_line:
+        region["snippet"] = {"text": finding.source_line}
+    result: dict = {
+        "ruleId": finding.code,
+        "ruleIndex": rule_index,
+        "level": LEVEL[finding.severity],
+        "message": {"text": text},
+        "locations": [{"physicalLocation": {"artifactLocation": {"uri": artifact_uri(finding.path)}, "region": region}}],
+    }
+    properties = {}
+    if finding.cell is not None:
+        properties["cell"] = finding.cell
+    if finding.fix is not None:
+        properties["fix"] = {"description": finding.fix.description, "applicability": finding.fix.applicability.value}
+    if properties:
+        result["properties"] = properties
+    return result
+
+
+def render(findings: Sequence[Finding], errors: Sequence[str]) -> str:
+    findings = sorted(findings, key=Finding.sort_key)
+    rules, index = _rules(findings)
+    run = {
+        "tool": {
+            "driver": {
+                "name": "gpudoctor",
+                "version": __version__,
+                "semanticVersion": __version__,
+                "informationUri": INFORMATION_URI,
+                "rules": rules,
+            }
+        },
+        "results": [_result(f, index[f.code]) for f in findings],
+        "invocations": [
+            {
+                "executionSuccessful": not errors,
+                "toolExecutionNotifications": [{"level": "error", "message": {"text": e}} for e in errors],
+            }
+        ],
+        "columnKind": "unicodeCodePoints",
+    }
+    return json.dumps({"$schema": SCHEMA_URI, "version": "2.1.0", "runs": [run]}, indent=2, ensure_ascii=False)

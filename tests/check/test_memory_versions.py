@@ -1,0 +1,37 @@
+"""GD506 reads the installed (or targeted) transformers version: 4.x loads float32 by default, 5.x the
+checkpoint's dtype."""
+
+from __future__ import annotations
+
+from gpudoctor.check import versions
+from gpudoctor.check.engine import check_source
+from gpudoctor.check.registry import rule_by_code
+
+SOURCE = '''# Hardware: 2x A100 (80 GB each)
+import torch
+from transformers import AutoModelForCausalLM
+
+model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-13b-hf")
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+'''
+
+
+def _findings(target: str | None):
+    versions.set_targets({"transformers": target} if target else {})
+    try:
+        return check_source(SOURCE, "x.py", rules=[rule_by_code("GD506")])
+    finally:
+        versions.set_targets({})
+
+
+def test_float32_default_in_transformers_4() -> None:
+    [finding] = _findings("4.46.0")
+    assert "4 x 4 B/param" in finding.message and "transformers 4.46.0 loads float32" in finding.message
+    assert "~208 GB" in finding.message
+
+
+def test_checkpoint_dtype_in_transformers_5() -> None:
+    # 13e9 x 8 B = 104 GB > 80 GB per GPU: still flagged, with 16-bit weights assumed.
+    [finding] = _findings("5.24.0")
+    assert "4 x 2 B/param" in finding.message and 'dtype="auto"' in finding.message
+    assert "~104 GB" in finding.message

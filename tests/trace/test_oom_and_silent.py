@@ -1,0 +1,97 @@
+"""OOM reports (real CPU allocator OOM, simulated CUDA OOM on capped virtual GPUs) and silent problems."""
+
+import torch
+import torch.nn as nn
+
+from gpudoctor.trace.api import Probe
+from gpudoctor.virtual import VirtualGPUs, fake_place
+from trace_helpers import failure_of, tiny_llama
+
+
+class Huge(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        buffer = torch.empty(10**12)  # 4 TB: the CPU allocator refuses at once
+        return self.proj(x) + buffer[:8]
+
+
+def test_real_cpu_allocator_oom():
+    model = Huge()
+    report, exc = failure_of(lambda: model(torch.randn(2, 8)), model)
+    assert "DefaultCPUAllocator: can't allocate memory" in str(exc)
+    failure = report["failure"]
+    assert failure["kind"] == "oom" and failure["phase"] == "forward"
+    assert failure["module"]["path"] == "" and failure["module"]["class"] == "Huge"
+    oom = failure["oom"]
+    assert oom["device"] == "cpu" and oom["message_fields"]["requested"] == 4 * 10**12
+    assert oom["classification"][0]["id"] == "single_allocation_too_large"
+    assert oom["memory_by_category"]["cpu"]["weights"] == (64 + 8) * 4
+
+
+def test_simulated_cuda_oom_on_capped_virtual_gpu():
+    model = tiny_llama(layers=4)
+    model.train()
+    ids_shape = (8, 256)
+
+    def run():
+        with VirtualGPUs(memory_cap="4MiB"):
+            fake_place(model, "gpu:0")
+            ids = torch.randint(0, 128, ids_shape, device="gpu:0")
+            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+
+    report, exc = failure_of(run, model)
+    assert isinstance(exc, torch.OutOfMemoryError) and "GPU 0 has a total capacity of 4.00 MiB" in str(exc)
+    failure = report["failure"]
+    assert failure["kind"] == "oom" and failure["phase"] == "forward"
+    assert failure["module"]["path"].startswith("model.layers.")
+    oom = failure["oom"]
+    assert oom["device"] == "gpu:0"
+    row = oom["memory_by_category"]["gpu:0"]
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    assert row["weights"] == weights and row["gradients"] == 0 and row["activations_and_other"] > 0
+    options = {o["id"]: o for o in oom["options"]}
+    assert {"gradient_checkpointing", "smaller_micro_batch", "device_map_sharding", "zero3_fsdp", "quantize_4bit"} <= set(options)
+    assert options["smaller_micro_batch"]["saving_bytes"] == row["activations_and_other"] // 2
+    assert options["zero3_fsdp"]["saving_bytes"] == int((weights + weights + 2 * weights) * 0.5)
+
+
+def test_17b_optimizer_holds_replaced_parameters():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model[1].weight = nn.Parameter(torch.randn(1, 4))  # replaced after the optimizer was built
+    with Probe(model, print_on_error=False) as probe:
+        for _ in range(2):
+            model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    findings = {f["id"]: f for f in probe.report()["findings"]}
+    assert findings["optimizer_orphans"]["title"] == "the optimizer holds 1 tensor(s) the model no longer uses"
+    assert findings["grads_not_stepped"]["items"] == ["1.weight"]
+
+
+def test_3b_frozen_after_backward_is_still_updated():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Probe(model, print_on_error=False) as probe:
+        model(torch.randn(3, 4)).sum().backward()
+        model[0].requires_grad_(False)  # frozen, but its .grad stays
+        opt.step()
+    findings = {f["id"]: f for f in probe.report()["findings"]}
+    assert findings["frozen_but_updated"]["items"] == ["0.weight", "0.bias"]
+
+
+def test_clean_run_has_no_findings_and_a_placement_summary():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Probe(model, print_on_error=False) as probe:
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+    report = probe.report()
+    assert report["findings"] == []
+    assert report["placement"] == [{"model": "Sequential", "hf_device_map": False, "devices": [
+        {"device": "cpu", "params": 25, "bytes": 100, "trainable": 25, "modules": ["Sequential"]}]}]
+    assert report["memory"]["devices"][-1]["device"] == "cpu" and report["memory"]["devices"][-1]["peak_rss"] > 0
+    assert any("no CUDA" in note for note in report["memory"]["notes"])
