@@ -105,16 +105,20 @@ def test_checkpointing_acts_only_in_train_mode(tiny_checkpoint, dialogs, train_m
         assert (p.grad is not None) == p.requires_grad, name
 
 
-def test_cli_runs_with_accumulation_and_rejects_bad_input(tmp_path, capsys):
+def test_cli_trains_a_local_checkpoint_with_accumulation_and_rejects_bad_input(tiny_checkpoint, tmp_path, capsys):
+    from peft import PeftConfig
+
     from gpudoctor.reference.cli import main
 
     out = tmp_path / "out"
-    args = ["--steps", "2", "--grad-accum", "2", "--batch-size", "2", "--output", str(out), "--prompt", "My ear hurts."]
+    args = ["--model", str(tiny_checkpoint), "--steps", "2", "--grad-accum", "2", "--batch-size", "2",
+            "--output", str(out), "--prompt", "My ear hurts."]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "placement" in printed and "My ear hurts." in printed
     assert "over 2 steps" in printed  # optimizer steps, not micro-batches
-    assert (out / "adapter" / "adapter_config.json").is_file()
+    assert not (out / "base").exists()  # a given checkpoint is used in place, not rebuilt
+    assert PeftConfig.from_pretrained(str(out / "adapter")).base_model_name_or_path == str(tiny_checkpoint)
     assert main(["--steps", "0"]) == 2
     assert main(["--model", str(tmp_path / "missing"), "--output", str(tmp_path / "x"), "--quiet"]) == 1
     assert "reference-train failed" in capsys.readouterr().out

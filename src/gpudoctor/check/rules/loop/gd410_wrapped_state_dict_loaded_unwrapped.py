@@ -4,13 +4,9 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from gpudoctor.check import apis
 from gpudoctor.check.facts import TRAIT_PREPARED, CallSite, FileFacts, call_arg, name_key, string_value
 from gpudoctor.check.queries import multi_process_severity, snippet
 from gpudoctor.check.rule import Rule
-
-_SAVE = {"torch.save", "accelerate.Accelerator.save"}
-
 
 class WrappedStateDictLoadedUnwrapped(Rule):
     """``torch.save(model.state_dict(), path)`` where ``model`` is a DataParallel/DDP wrapper (keys start

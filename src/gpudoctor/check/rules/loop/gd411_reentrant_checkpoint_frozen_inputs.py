@@ -2,9 +2,6 @@ from __future__ import annotations
 
 import re
 
-import libcst as cst
-
-from gpudoctor.check import apis
 from gpudoctor.check.facts import FileFacts, call_arg, is_true
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet

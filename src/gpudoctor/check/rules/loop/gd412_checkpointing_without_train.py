@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from gpudoctor.check import apis
 from gpudoctor.check.facts import FileFacts
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet

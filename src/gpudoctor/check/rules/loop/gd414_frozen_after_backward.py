@@ -6,7 +6,7 @@ from gpudoctor.check import apis
 from gpudoctor.check.facts import FileFacts, LoopFrame, call_arg
 from gpudoctor.check.queries import _parameters_owner, snippet
 from gpudoctor.check.rule import Rule
-from gpudoctor.check.rules.loop._common import in_loop, innermost_loop, is_backward, is_optimizer_step
+from gpudoctor.check.rules.loop._common import in_loop, is_backward, is_optimizer_step
 
 
 class FrozenAfterBackward(Rule):
