@@ -209,3 +209,27 @@ def with_kwarg(call: cst.Call, keyword: str, value: cst.BaseExpression) -> cst.C
             comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")), whitespace_after_arg=cst.SimpleWhitespace("")
         )
     return call.with_changes(args=[*args, new_arg])
+
+
+# GPU names -> memory in GiB (the smallest common variant), for files that name their hardware.
+_GPU_MEMORY = {
+    "T4": 15, "P100": 16, "V100": 16, "K80": 12, "A10G": 22, "A10": 24, "L4": 22, "A100": 40, "H100": 80,
+    "3060": 12, "3070": 8, "3080": 10, "3090": 24, "4060": 8, "4070": 12, "4080": 16, "4090": 24, "2080": 8, "1080": 8,
+}
+_GPU_NAME = re.compile(r"\b(?:RTX\s*|GTX\s*|Tesla\s*|NVIDIA\s*)?(" + "|".join(sorted(_GPU_MEMORY, key=len, reverse=True)) + r")(?:\s*Ti)?\b")
+_GPU_GB = re.compile(
+    r"(?:GPU\s*\d+\s*has a total capac\w*\s*of\s*(?P<oom>\d+(?:\.\d+)?)\s*GiB)|"
+    r"(?P<gb>\d+(?:\.\d+)?)\s*(?:GB|GiB|G)\b[^\n]{0,20}?(?:each|per (?:GPU|card)|VRAM|of GPU memory|显存)",
+    re.IGNORECASE,
+)
+
+
+def stated_gpu_memory(facts: FileFacts) -> Optional[tuple[float, str]]:
+    """GiB per GPU that the file itself states (an OOM message it quotes, "8 GB each", a GPU model), with the text."""
+    match = _GPU_GB.search(facts.source)
+    if match:
+        return float(match.group("oom") or match.group("gb")), match.group(0).strip()
+    named = _GPU_NAME.search(facts.source)
+    if named:
+        return float(_GPU_MEMORY[named.group(1)]), named.group(0).strip()
+    return None

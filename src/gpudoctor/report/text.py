@@ -8,7 +8,6 @@ from typing import Sequence
 
 from rich.console import Console
 from rich.markup import escape
-from rich.padding import Padding
 from rich.text import Text
 
 from gpudoctor.check.finding import Finding, Severity
@@ -37,7 +36,8 @@ def render_one(finding: Finding, console: Console) -> None:
         f"[{style}]{finding.severity.value}[/] [dim]{finding.name}[/]{fixable}",
         highlight=False,
     )
-    console.print(Padding(Text(finding.message), (0, 0, 0, 2)), highlight=False)
+    # Plain indented lines: a terminal wraps them, a pipe or file keeps them whole (grep-able).
+    console.print("  " + finding.message, highlight=False, markup=False)
     if finding.source_line:
         gutter = str(finding.line)
         pad = " " * len(gutter)
@@ -49,8 +49,7 @@ def render_one(finding: Finding, console: Console) -> None:
         console.print(f"  [blue]{gutter} |[/] {escape(line)}", highlight=False)
         console.print(f"  [blue]{pad} |[/] {' ' * start}[{style}]{'^' * width}[/]", highlight=False)
     if finding.fix_hint:
-        hint = Text.assemble(("= fix: ", "green"), finding.fix_hint)
-        console.print(Padding(hint, (0, 0, 0, 2)), highlight=False)
+        console.print(Text.assemble("  ", ("= fix: ", "green"), finding.fix_hint), highlight=False)
     console.print()
 
 

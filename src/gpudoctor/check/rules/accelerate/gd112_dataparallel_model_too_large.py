@@ -3,12 +3,12 @@ from __future__ import annotations
 from gpudoctor.check import apis, versions
 from gpudoctor.check.facts import TRAIT_DISPATCHED, TRAIT_PEFT, TRAIT_QUANTIZED, FileFacts, call_arg
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import _parameters_owner, checkpoint_name, params_from_name, snippet
+from gpudoctor.check.queries import _parameters_owner, checkpoint_name, params_from_name, snippet, stated_gpu_memory
 from gpudoctor.check.rule import Rule
 
 _GIB = 1024**3
-# Above this many GiB on device_ids[0] no consumer GPU (24 GB) nor a 40 GB A100 holds a full fine-tune.
-_THRESHOLD_GIB = 40
+# Without hardware named in the file: more than any common single GPU (80 GB) holds.
+_THRESHOLD_GIB = 80
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 
 
@@ -21,7 +21,6 @@ class DataParallelModelTooLarge(Rule):
     name = "dataparallel-model-too-large"
     summary = "nn.DataParallel for a full fine-tune too large for one GPU (DataParallel does not split the model)"
     severity = Severity.WARNING
-    preview = True
     triggers = ("DataParallel",)
 
     def check(self, facts: FileFacts):
@@ -52,17 +51,26 @@ class DataParallelModelTooLarge(Rule):
             state = 2 * weight_bytes if opt_name in ("Adam", "AdamW") else 0
             per_param = 2 * weight_bytes + state
             total = params * per_param / _GIB
-            if total <= _THRESHOLD_GIB:
-                continue
+            stated = stated_gpu_memory(facts)
+            if stated is not None:
+                if total <= stated[0]:
+                    continue
+                severity = Severity.ERROR
+                hardware = f" The file states \"{stated[1]}\" (~{stated[0]:g} GiB per GPU)."
+            elif total > _THRESHOLD_GIB:
+                severity, hardware = Severity.WARNING, ""
+            else:
+                continue  # might fit one large GPU: the file does not say which
             yield self.report(
                 site.node,
                 f"`{snippet(facts, site.node)}` wraps a full fine-tune of `{name}` (~{params / 1e9:g}B parameters from "
                 f"its name). DataParallel keeps weights, gradients and `{opt_name}` state on `device_ids[0]`: "
                 f"~{per_param} B/param ({dtype_note}) = ~{total:.0f} GiB on GPU 0 before activations, and it copies the "
                 f"~{params * weight_bytes / _GIB:.0f} GiB of weights to every other GPU on each forward; more GPUs add no "
-                "memory, so this runs out of memory on GPU 0 unless it alone holds all of it.",
+                f"memory, so this runs out of memory on GPU 0 unless it alone holds all of it.{hardware}",
                 fix_hint="Split the model instead of replicating it: LoRA (peft) on a single GPU or `device_map=\"auto\"` "
                 "in one process, or shard it with FSDP/DeepSpeed ZeRO via `accelerate launch`.",
+                severity=severity,
             )
 
     @staticmethod

@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from gpudoctor.check import apis
-from gpudoctor.check.facts import TRAIT_DISPATCHED, FileFacts, name_key
+from gpudoctor.check.facts import FileFacts, name_key
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
@@ -18,7 +18,7 @@ class DataParallelModelNotOnDevice0(Rule):
 
     code = "GD608"
     name = "data-parallel-model-not-on-device0"
-    summary = "nn.DataParallel around a model that is not on device_ids[0] (left on the CPU, or dispatched)"
+    summary = "nn.DataParallel around a model left on the CPU (not on device_ids[0])"
     severity = Severity.WARNING
     triggers = ("DataParallel",)
 
@@ -31,21 +31,8 @@ class DataParallelModelNotOnDevice0(Rule):
             where = placement(facts, module, site.order, site.scope)
             device_ids = site.arg(1, "device_ids")
             several = isinstance(device_ids, (cst.List, cst.Tuple)) and len(device_ids.elements) >= 2
-            if where == "dispatched":
-                # Overlaps GD111 (accelerate family), whose fixture expects both codes on these lines.
-                value = facts.value(module, site.order, site.scope)
-                device_map = value.trait(TRAIT_DISPATCHED)
-                explicit = device_map is not None and device_map.certainly_dispatched
-                severity = Severity.ERROR if explicit else Severity.WARNING
-                message = (
-                    f"`{snippet(facts, module, 40)}` is spread over several devices by a device map, and "
-                    f"`{snippet(facts, site.node.func)}` needs the whole model on `device_ids[0]`: \"RuntimeError: "
-                    "module must have its parameters and buffers on device cuda:0 (device_ids[0]) but found one of "
-                    "them on device: cuda:1\"."
-                )
-                hint = ("Do not combine them: keep one process with the device map, or load one full copy per GPU "
-                        "and use DDP (`device_map={\"\": local_rank}`).")
-            elif where == "unplaced" and not self._moved_later(facts, site, module):
+            # A dispatched model is GD111's case (accelerate family); here only the unplaced one.
+            if where == "unplaced" and not self._moved_later(facts, site, module):
                 severity = Severity.ERROR if several else Severity.WARNING
                 gpus = "with the listed `device_ids`" if several else "on a machine with two or more GPUs"
                 message = (
