@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=30, help="reference trainer optimizer steps (default 30)")
     parser.add_argument("--skip", choices=("check", "trace", "train"), action="append", default=[], help="skip a part")
     args = parser.parse_args(argv)
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     started = time.perf_counter()
     problems: list[str] = []
     if "check" not in args.skip:
@@ -53,8 +53,8 @@ def demo_check(console: Console) -> list[str]:
 
     seeds = bundled_dir("fixtures") / "seeds"
     console.print(Rule("[bold]1. gpudoctor check[/] — the three field reports, reconstructed"))
-    buggy = sorted(str(p) for p in seeds.glob("*.py") if not p.name.endswith(".fixed.py"))
-    fixed = sorted(str(p) for p in seeds.glob("*.fixed.py"))
+    buggy = sorted(_shown(p) for p in seeds.glob("*.py") if not p.name.endswith(".fixed.py"))
+    fixed = sorted(_shown(p) for p in seeds.glob("*.fixed.py"))
     config = Config(root=seeds)
     result = check_paths(buggy, config)
     text.render(result.findings, result.errors, console, len(buggy))
@@ -72,6 +72,14 @@ def demo_check(console: Console) -> list[str]:
     return problems
 
 
+def _shown(path: Path) -> str:
+    """Relative to the working directory when inside it: shorter, and what a user would type."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def demo_trace(console: Console) -> list[str]:
     script = bundled_dir("fixtures") / "trace" / TRACE_SCRIPT
     console.print(Rule("[bold]2. gpudoctor trace[/] — a device mismatch on two virtual GPUs"))
@@ -81,7 +89,7 @@ def demo_trace(console: Console) -> list[str]:
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "trace.json"
         completed = subprocess.run(
-            [sys.executable, "-m", "gpudoctor", "trace", "--json", str(report), str(script)],
+            [sys.executable, "-m", "gpudoctor", "trace", "--json", str(report), _shown(script)],
             capture_output=True,
             text=True,
             timeout=300,
@@ -99,12 +107,11 @@ def demo_trace(console: Console) -> list[str]:
 def demo_train(console: Console, steps: int) -> list[str]:
     console.print(Rule("[bold]3. gpudoctor reference-train[/] — LoRA done right, on a tiny model"))
     try:
-        from gpudoctor.reference.trainer import TrainConfig, print_summary, train
+        from gpudoctor.reference.trainer import TrainConfig, train
     except ImportError as error:  # the runtime extras are not installed
         return [f"the reference trainer needs the runtime extras (pip install 'gpudoctor[runtime]'): {error}"]
     with tempfile.TemporaryDirectory() as folder:
-        result = train(TrainConfig(steps=steps, output_dir=folder), console=console)
-        print_summary(result, console)
+        result = train(TrainConfig(steps=steps, output_dir=folder), console=console)  # prints bar and summary
     first, last = result.losses[: max(len(result.losses) // 5, 1)], result.losses[-max(len(result.losses) // 5, 1) :]
     if sum(last) / len(last) >= sum(first) / len(first):
         return ["the reference trainer's loss did not fall"]
