@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pytest
 
 from gpudoctor.check import cache, engine
 from gpudoctor.check.config import Config

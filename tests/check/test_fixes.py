@@ -3,7 +3,6 @@ guard, atomic writes keeping encoding and line endings, idempotence, suppression
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import libcst as cst
 import pytest

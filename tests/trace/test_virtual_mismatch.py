@@ -3,14 +3,13 @@ placement-in-user-code causes). Each report must name module, tensor origins, us
 
 import os
 
-import pytest
 import torch
 import torch.nn as nn
 
 from gpudoctor.trace.frames import short_path
 from gpudoctor.virtual import VirtualGPUs, dispatch, fake_place
 
-from trace_helpers import cause_id, failure_of, tiny_llama
+from trace_helpers import cause_id, failure_of
 
 THIS_FILE = os.path.abspath(__file__)
 

@@ -199,13 +199,18 @@ class Value:
     traits: dict[str, Any] = field(default_factory=dict)
     base: Optional["Value"] = None
 
-    def trait(self, name: str) -> Any:
+    def carrier(self, name: str) -> Optional["Value"]:
+        """The value in this wrapper chain (self, base, base's base...) that holds trait ``name``."""
         value: Optional[Value] = self
         while value is not None:
             if name in value.traits:
-                return value.traits[name]
+                return value
             value = value.base
         return None
+
+    def trait(self, name: str) -> Any:
+        carrier = self.carrier(name)
+        return carrier.traits[name] if carrier is not None else None
 
     def has(self, name: str) -> bool:
         return self.trait(name) is not None
@@ -938,28 +943,24 @@ class _Collector:
 
     def on_for(self, node: cst.For):
         self.walk(node.iter)
-        frame = LoopFrame(node, self.tick(), node.iter)
-        self.facts.loops.append(frame)
-        self.frames.append(frame)
-        self.bind_target(node.target, node.iter, "for")
-        self.walk(node.body)
-        frame.end_order = self.tick()
-        self.frames.pop()
-        if node.orelse is not None:
-            self.walk(node.orelse)
+        self._loop(node, node.iter, lambda: self.bind_target(node.target, node.iter, "for"))
         return False
 
     def on_while(self, node: cst.While):
         self.walk(node.test)
-        frame = LoopFrame(node, self.tick(), None)
+        self._loop(node, None, lambda: None)
+        return False
+
+    def _loop(self, node: Union[cst.For, cst.While], iterated, bind_target) -> None:
+        frame = LoopFrame(node, self.tick(), iterated)
         self.facts.loops.append(frame)
         self.frames.append(frame)
+        bind_target()
         self.walk(node.body)
         frame.end_order = self.tick()
         self.frames.pop()
         if node.orelse is not None:
             self.walk(node.orelse)
-        return False
 
     def on_with(self, node: cst.With):
         pushed = 0

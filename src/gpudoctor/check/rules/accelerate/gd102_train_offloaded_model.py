@@ -1,19 +1,9 @@
 from __future__ import annotations
 
-from gpudoctor.check.facts import TRAIT_OFFLOADED, FileFacts, Value
+from gpudoctor.check.facts import TRAIT_OFFLOADED, FileFacts
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet, trained_models
 from gpudoctor.check.rule import Rule
-
-
-def _offload_source(value: Value):
-    """The value in ``value``'s chain that carries the offload evidence (its node is the load/dispatch call)."""
-    current = value
-    while current is not None:
-        if TRAIT_OFFLOADED in current.traits:
-            return current
-        current = current.base
-    return None
 
 
 class TrainOffloadedModel(Rule):
@@ -34,7 +24,7 @@ class TrainOffloadedModel(Rule):
             value = facts.value(node, site.order, site.scope)
             if value.kind != "model":
                 continue
-            source = _offload_source(value)
+            source = value.carrier(TRAIT_OFFLOADED)
             if source is None:
                 continue
             origin = id(source.origin().node)

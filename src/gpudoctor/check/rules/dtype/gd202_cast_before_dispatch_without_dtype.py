@@ -2,22 +2,12 @@ from __future__ import annotations
 
 import libcst as cst
 
-from gpudoctor.check.facts import TRAIT_CAST, TRAIT_EMPTY, FileFacts, Value, call_arg, is_true
+from gpudoctor.check.facts import TRAIT_CAST, TRAIT_EMPTY, FileFacts, call_arg, is_true
 from gpudoctor.check.finding import Applicability, Edit, Fix, Severity
 from gpudoctor.check.queries import snippet, with_kwarg
 from gpudoctor.check.rule import Rule
 
 _TORCH_DTYPE = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "float64": "float64"}
-
-
-def _last_cast(value: Value):
-    """The most recent cast in ``value``'s chain, before any dispatch."""
-    current = value
-    while current is not None:
-        if TRAIT_CAST in current.traits:
-            return current.traits[TRAIT_CAST]
-        current = current.base
-    return None
 
 
 class CastBeforeDispatchWithoutDtype(Rule):
@@ -42,7 +32,7 @@ class CastBeforeDispatchWithoutDtype(Rule):
             value = facts.value(model, site.order, site.scope)
             if value.kind != "model" or not value.has(TRAIT_EMPTY):
                 continue
-            cast = _last_cast(value)
+            cast = value.trait(TRAIT_CAST)
             if cast is None or cast[0] == "float32":
                 continue
             dtype, cast_node = cast

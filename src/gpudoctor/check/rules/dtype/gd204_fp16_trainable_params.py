@@ -34,15 +34,6 @@ def _fp16_source(value: Value) -> Optional[Value]:
     return None
 
 
-def _peft_layer(value: Value) -> Optional[Value]:
-    current = value
-    while current is not None:
-        if TRAIT_PEFT in current.traits:
-            return current
-        current = current.base
-    return None
-
-
 class Fp16TrainableParams(Rule):
     """fp16 mixed precision (``TrainingArguments(fp16=True)``, ``Accelerator(mixed_precision="fp16")``,
     ``GradScaler``) while the *trained* parameters are float16: a full fine-tune of a
@@ -69,7 +60,7 @@ class Fp16TrainableParams(Rule):
             if site.qualname in apis.GET_PEFT_MODEL:
                 peft = Value("model", site.node, {TRAIT_PEFT: site.node}, base=value)
             else:
-                peft = _peft_layer(value)
+                peft = value.carrier(TRAIT_PEFT)
             base = peft.base if peft is not None else value
             if base is None:
                 continue
