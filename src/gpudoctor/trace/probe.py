@@ -71,6 +71,21 @@ def _tensors(value, depth: int = 0):
             yield from _tensors(item, depth + 1)
 
 
+def _on_first_grad(tensors: list, callback) -> None:
+    """Call ``callback`` once, when the first of ``tensors`` receives its gradient.
+
+    One tensor (the common case) takes a plain tensor hook: ``register_multi_grad_hook`` costs several
+    times more per call and this runs on every module call of every step.
+    """
+    if len(tensors) == 1:
+        def hook(grad):
+            callback((grad,))  # returns None: the gradient is left unchanged
+
+        tensors[0].register_hook(hook)
+    else:
+        register_multi_grad_hook(tensors, callback, mode="any")
+
+
 def _offload_hook(module: nn.Module):
     """accelerate's AlignDevicesHook on ``module`` if it offloads (weights live in a weights_map)."""
     hook = getattr(module, "_hf_hook", None)
@@ -227,7 +242,7 @@ class Probe:
             if self.track_backward and torch.is_grad_enabled():
                 inputs = [t for t in _tensors(args) if t.requires_grad]
                 if inputs:
-                    register_multi_grad_hook(inputs, self._make_backward_leave(path), mode="any")
+                    _on_first_grad(inputs, self._make_backward_leave(path))
             return frame
         except Exception as exc:
             self._record_error("module pre-call bookkeeping", exc)
@@ -242,7 +257,7 @@ class Probe:
             if self.track_backward and torch.is_grad_enabled():
                 outputs = [t for t in _tensors(result) if t.requires_grad]
                 if outputs:
-                    register_multi_grad_hook(outputs, self._make_backward_enter(frame.path), mode="any")
+                    _on_first_grad(outputs, self._make_backward_enter(frame.path))
         except Exception as exc:
             self._record_error("module post-call bookkeeping", exc)
 
