@@ -68,12 +68,11 @@ def test_changed_content_is_rechecked(tmp_path) -> None:
 
 
 def test_settings_are_part_of_the_key(tmp_path) -> None:
-    codes = ["GD104"]
-    a = cache.settings_key(Config(select=["GD104"], root=tmp_path), codes)
-    assert a == cache.settings_key(Config(select=["GD104"], root=tmp_path), codes)
-    assert a != cache.settings_key(Config(select=["GD104"], root=tmp_path, preview=True), codes)
-    assert a != cache.settings_key(Config(select=["GD104"], root=tmp_path, target_versions={"transformers": "4.46"}), codes)
-    assert a != cache.settings_key(Config(select=["GD104"], root=tmp_path), ["GD104", "GD105"])
+    a = cache.settings_key(Config(select=["GD104"], root=tmp_path))
+    assert a == cache.settings_key(Config(select=["GD104"], root=tmp_path))
+    assert a != cache.settings_key(Config(select=["GD104"], root=tmp_path, preview=True))
+    assert a != cache.settings_key(Config(select=["GD104"], root=tmp_path, target_versions={"transformers": "4.46"}))
+    assert a != cache.settings_key(Config(select=["GD104", "GD105"], root=tmp_path))
     # and results under other settings are not reused
     tree(tmp_path, 1)
     check_paths([str(tmp_path)], Config(select=["GD104"], root=tmp_path), use_cache=True)
@@ -169,3 +168,19 @@ def test_cached_rerun_is_fast(tmp_path) -> None:
     elapsed = time.perf_counter() - start
     assert len(result.files) == 121
     assert elapsed < 1.0, f"a cached re-check of 121 files took {elapsed:.2f}s"
+
+
+def test_a_run_served_from_the_cache_imports_neither_libcst_nor_rules(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    tree(tmp_path, 2)
+    code = (
+        "import sys; from gpudoctor.cli import main; "
+        f"main(['check', {str(tmp_path)!r}, '-q', '--exit-zero']); "
+        "print('LOADED', sorted(m for m in sys.modules if m == 'libcst' or m.rsplit('.', 1)[-1].startswith('gd')))"
+    )
+    cold = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True).stdout
+    assert "'libcst'" in cold  # the first run parses
+    warm = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True).stdout
+    assert "LOADED []" in warm

@@ -36,7 +36,13 @@ def test_doc_examples(rule) -> None:
 
 
 def test_codes_unique_and_grouped() -> None:
+    from gpudoctor.check.registry import known_codes
+
     codes = [r.code for r in RULES]
+    # a rule's module is named after its code (gd101_*.py): the CLI validates codes without importing rules
+    assert known_codes() == set(codes)
+    for rule in RULES:
+        assert rule.__module__.rsplit(".", 1)[-1].startswith(rule.code.lower() + "_"), rule.__module__
     assert len(codes) == len(set(codes))
     names = [r.name for r in RULES]
     assert len(names) == len(set(names))

@@ -59,14 +59,15 @@ def _code_fingerprint() -> str:
     return digest("\n".join(parts).encode())
 
 
-def settings_key(config: "Config", rule_codes: Iterable[str]) -> str:
+def settings_key(config: "Config") -> str:
+    """Everything besides a file's content that its findings depend on. The selected rules follow from
+    the configuration and the code fingerprint, so computing the key imports no rule (nor libcst)."""
     from gpudoctor.check import versions
 
     parts = [
         f"format={FORMAT}",
         f"version={__version__}",
         f"config={config.cache_key()}",
-        f"rules={','.join(sorted(set(rule_codes)))}",
         "libs=" + ",".join(f"{name}={versions.installed(name)}" for name in _LIBRARIES),
         f"code={_code_fingerprint()}",
     ]
@@ -127,8 +128,8 @@ class Cache:
         self._dirty: dict[str, dict] = {}
 
     @classmethod
-    def for_run(cls, config: "Config", rule_codes: Iterable[str]) -> "Cache":
-        return cls(config.root, settings_key(config, rule_codes))
+    def for_run(cls, config: "Config") -> "Cache":
+        return cls(config.root, settings_key(config))
 
     def _load(self) -> dict[str, dict]:
         if self._entries is None:

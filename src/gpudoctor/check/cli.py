@@ -31,7 +31,7 @@ def load_config(args) -> Config:
 
 def run_check(args) -> int:
     from gpudoctor.check.engine import check_paths
-    from gpudoctor.check.registry import all_rules
+    from gpudoctor.check.registry import known_codes
 
     stdout = Console(highlight=False, soft_wrap=True)
     stderr = Console(stderr=True, highlight=False)
@@ -40,7 +40,7 @@ def run_check(args) -> int:
     except ConfigError as error:
         stderr.print(f"[bold red]error[/]: {error}")
         return EXIT_ERROR
-    known = {r.code for r in all_rules()}
+    known = known_codes()
     for code in [*(config.select or []), *config.ignore]:
         if not any(k.startswith(code.upper()) for k in known):
             stderr.print(f"[bold red]error[/]: unknown rule code or prefix {code!r} (see `gpudoctor rule --all`)")

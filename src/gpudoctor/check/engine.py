@@ -9,15 +9,15 @@ import sys
 import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
-
-import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 from gpudoctor.check.config import Config
 from gpudoctor.check.finding import Finding, Fix, Severity
 from gpudoctor.check.registry import select_rules
 from gpudoctor.check.rule import Rule
+
+if TYPE_CHECKING:
+    import libcst as cst
 
 # Folders never worth descending into.
 SKIP_DIRS = {
@@ -157,6 +157,9 @@ def check_source(
     with_suppressed: bool = False,
 ) -> list[Finding]:
     """Run ``rules`` (default: every stable rule) over one source text. Raises cst.ParserSyntaxError."""
+    import libcst as cst  # imported here: a run served from the cache never needs it
+    from libcst.metadata import MetadataWrapper, PositionProvider
+
     from gpudoctor.check.facts import collect
 
     rule_classes = list(rules) if rules is not None else select_rules()
@@ -242,6 +245,8 @@ def check_file(
     except (UnicodeDecodeError, SyntaxError, LookupError) as error:
         return FileResult(shown, error=f"{shown}: cannot decode: {error}")
     file_rules = config.rules_for(path, rules)
+    import libcst as cst
+
     try:
         findings = check_source(source, shown, file_rules)
     except cst.ParserSyntaxError as error:
@@ -291,13 +296,12 @@ def check_paths(
     """
     config = config or Config()
     files, errors = discover(paths, config)
-    rules = config.selected_rules()
     results: list[Optional[FileResult]] = [FileResult(e.split(":")[0], error=e) for e in errors]
     store = None
     if use_cache:
         from gpudoctor.check.cache import Cache
 
-        store = Cache.for_run(config, [r.code for r in rules])
+        store = Cache.for_run(config)
     todo: list[tuple[int, Path]] = []
     for path in files:
         index = len(results)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import libcst as cst
+if TYPE_CHECKING:  # libcst is only needed once a file is parsed; cached runs never import it
+    import libcst as cst
 
 
 class Severity(str, enum.Enum):

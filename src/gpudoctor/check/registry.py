@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 from functools import lru_cache
 
 from gpudoctor.check.rule import Rule, registered
@@ -16,6 +17,21 @@ def all_rules() -> tuple[type[Rule], ...]:
     for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
         importlib.import_module(info.name)
     return tuple(sorted(registered().values(), key=lambda r: r.code))
+
+
+_MODULE_CODE = re.compile(r"^gd(\d{3})_")
+
+
+@lru_cache(maxsize=None)
+def known_codes() -> frozenset[str]:
+    """Every rule code, from the module file names (``gd101_*.py``), without importing any rule."""
+    import gpudoctor.check.rules as package
+
+    return frozenset(
+        f"GD{match.group(1)}"
+        for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
+        if (match := _MODULE_CODE.match(info.name.rsplit(".", 1)[-1]))
+    )
 
 
 def rule_by_code(code: str) -> type[Rule] | None:

@@ -6,11 +6,11 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Iterable, Iterator, Optional
 
-import libcst as cst
-
 from gpudoctor.check.finding import Fix, Severity
 
 if TYPE_CHECKING:
+    import libcst as cst
+
     from gpudoctor.check.facts import FileFacts
 
 _CODE = re.compile(r"^GD\d{3}$")
