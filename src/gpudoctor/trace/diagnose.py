@@ -29,16 +29,16 @@ CAUSES: dict[str, tuple[str, str, str | None, str]] = {
         "A tensor created inside forward() has no device=",
         "Create it on the device of the data it meets: `torch.{op}(..., device={other}.device)` at {where}, "
         "or register it once as a buffer in __init__.",
-        None, "runtime-anchors 7.1 #3"),
+        "GD601", "runtime-anchors 7.1 #3"),
     "plain_tensor_attribute": (
         "A tensor stored as a plain attribute, not a buffer, is left behind by model.to()",
         "Register it: `self.register_buffer(\"{attr}\", tensor, persistent=False)` in __init__ of {module}; "
         "Module.to()/cuda() then move it with the parameters.",
-        None, "runtime-anchors 7.1 #4 (transformers#22234)"),
+        "GD602", "runtime-anchors 7.1 #4 (transformers#22234)"),
     "submodule_in_python_list": (
         "Submodules kept in a Python list are invisible to model.to() and model.parameters()",
         "Hold them in `nn.ModuleList` (or `nn.ModuleDict`): {path} is never moved, trained or saved as it is.",
-        None, "runtime-anchors 7.1 #5"),
+        "GD603", "runtime-anchors 7.1 #5"),
     "moved_after_dispatch": (
         "A dispatched model was moved after dispatch; accelerate's hooks still send activations to the old devices",
         "Don't move a model loaded with a device_map. If you must, run "
@@ -62,12 +62,12 @@ CAUSES: dict[str, tuple[str, str, str | None, str]] = {
     "dataparallel_model_on_cpu": (
         "nn.DataParallel wraps a model that is still on the CPU",
         "Move the model to `device_ids[0]` first: `model.to(\"cuda:0\")`, then wrap it.",
-        None, "ground truth 6b"),
+        "GD608", "ground truth 6b"),
     "optimizer_state_device": (
         "Optimizer state lives on another device than its parameters",
         "Create the optimizer after moving the model, or re-cast its state after moving: "
         "`optimizer.load_state_dict(optimizer.state_dict())`.",
-        None, "ground truth 16a/16b"),
+        "GD606", "ground truth 16a/16b"),
     "trainable_offloaded": (
         "Trainable parameters are accelerate-offloaded meta placeholders",
         "Keep the trained modules resident (no `cpu`/`disk` entries in the device_map for them), or put LoRA only on "
@@ -77,7 +77,7 @@ CAUSES: dict[str, tuple[str, str, str | None, str]] = {
         "Inputs were sent to `model.device`, which is `meta` because the first parameter is offloaded",
         "Leave the inputs on CPU (accelerate's hooks move them), or send them to the first resident execution device "
         "(e.g. `inputs.to(0)`), not `model.device`.",
-        None, "ground truth 5d"),
+        "GD612", "ground truth 5d"),
     "meta_weights_not_loaded": (
         "Parameters are still on `meta`: the model was built empty and its weights were never loaded",
         "Load the weights (`load_checkpoint_and_dispatch`, `from_pretrained`), or `model.to_empty(device=...)` and "
@@ -87,7 +87,7 @@ CAUSES: dict[str, tuple[str, str, str | None, str]] = {
         "Offloaded and resident weights have different dtypes",
         "Pass the dtype when dispatching: `load_checkpoint_and_dispatch(..., dtype=torch.float16)`; a `.half()` on the "
         "empty model is undone for offloaded weights.",
-        None, "ground truth 14a/14b"),
+        "GD202", "ground truth 14a/14b"),
     "generic_mismatch": (
         "Tensors on different devices meet in one op",
         "Move `{arg}` ({origin}) to {common} before this op, or create it there.",

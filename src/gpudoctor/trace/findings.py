@@ -79,7 +79,7 @@ def silent_findings(probe: Probe) -> list[dict]:
     frozen = [names.get(pid, "?") for pid in probe.frozen_with_grad]
     if frozen:
         findings.append({
-            "id": "frozen_but_updated", "severity": "error", "rule": None,
+            "id": "frozen_but_updated", "severity": "error", "rule": "GD414",
             "title": f"{len(frozen)} frozen parameter(s) still had a .grad when the optimizer stepped",
             "detail": "requires_grad=False doesn't clear an existing .grad: the optimizer keeps updating these 'frozen' weights.",
             "fix": "Build the optimizer over `[p for p in model.parameters() if p.requires_grad]`, or `optimizer.zero_grad(set_to_none=True)` before freezing.",
@@ -90,7 +90,7 @@ def silent_findings(probe: Probe) -> list[dict]:
         orphans = [pid for pid in probe.optimizer_param_ids if pid not in model_ids]
         if orphans:
             findings.append({
-                "id": "optimizer_orphans", "severity": "error", "rule": None,
+                "id": "optimizer_orphans", "severity": "error", "rule": "GD413",
                 "title": f"the optimizer holds {len(orphans)} tensor(s) the model no longer uses",
                 "detail": "Parameters were replaced after the optimizer was built: it updates the old tensors and the model never changes.",
                 "fix": "Create the optimizer after the last change to the model's parameters (e.g. after get_peft_model, resize_token_embeddings, .to()).",
