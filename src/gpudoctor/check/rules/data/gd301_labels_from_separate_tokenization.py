@@ -4,7 +4,7 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from gpudoctor.check.facts import FileFacts, string_value
+from gpudoctor.check.facts import FileFacts, name_key, string_value
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import language_model_kind, snippet
 from gpudoctor.check.rule import Rule
@@ -44,6 +44,8 @@ class LabelsFromSeparateTokenization(Rule):
             input_text, _ = tokenized_text(facts, input_call)
             if not label_text or label_text == input_text:
                 continue  # the same text tokenized twice: the same ids
+            if _ids_rewritten(facts, labels, order, scope) or _ids_rewritten(facts, _encoding_of(inputs), order, scope):
+                continue  # `enc["input_ids"][i] = prompt + answer`: the ids were rebuilt element-wise
             yield self.report(node, self._message(facts, labels, label_call, input_call), fix_hint=self._hint())
 
     def _pairs(self, facts: FileFacts) -> Iterator[tuple]:
@@ -61,7 +63,7 @@ class LabelsFromSeparateTokenization(Rule):
                 continue
             encoding = encoding_source(facts, site.target.value, site.order, site.scope)
             if encoding is not None:
-                yield site.value, ("encoding", encoding), site.value, site.order, site.scope
+                yield site.value, ("encoding", encoding, site.target.value), site.value, site.order, site.scope
 
     @staticmethod
     def _message(facts: FileFacts, labels, label_call: cst.Call, input_call: cst.Call) -> str:
@@ -95,6 +97,35 @@ class LabelsFromSeparateTokenization(Rule):
             "`labels = enc[\"input_ids\"].clone()`, then set `-100` on the prompt and padding positions "
             "(`labels[:len_prompt] = -100`, `labels[enc[\"attention_mask\"] == 0] = -100`)."
         )
+
+
+def _encoding_of(inputs) -> Optional[cst.BaseExpression]:
+    """For the subscript-assignment pair, the encoding the labels are stored into (``model_inputs``)."""
+    return inputs[2] if isinstance(inputs, tuple) else inputs
+
+
+def _ids_rewritten(facts: FileFacts, expr, order: int, scope) -> bool:
+    """``enc["input_ids"][i] = ...`` before ``order`` in the same scope, where ``expr`` is ``enc["input_ids"]``
+    (or ``enc``): the ids no longer are one tokenization's output (the peft examples build
+    ``input_ids[i] = prompt + answer`` and ``labels[i] = [-100] * len(prompt) + answer`` this way)."""
+    if expr is None:
+        return False
+    base = expr
+    if isinstance(base, cst.Subscript) and len(base.slice) == 1 and isinstance(base.slice[0].slice, cst.Index):
+        if string_value(base.slice[0].slice.value) == "input_ids":
+            base = base.value
+    elif isinstance(base, cst.Attribute) and base.attr.value == "input_ids":
+        base = base.value
+    key = name_key(base)
+    if key is None:
+        return False
+    for site in facts.subscript_assigns:
+        if site.scope != scope or site.order >= order:
+            continue
+        inner = site.target.value
+        if isinstance(inner, cst.Subscript) and _key(inner) == "input_ids" and name_key(inner.value) == key:
+            return True
+    return False
 
 
 def _short(text: str, limit: int = 40) -> str:

@@ -76,7 +76,7 @@ class PreShiftedLabels(Rule):
             target = site.target
             if len(target.slice) == 1 and isinstance(target.slice[0].slice, cst.Index):
                 if string_value(target.slice[0].slice.value) == "labels":
-                    yield site.value, None, "the model in the batch (`model(**batch)`/Trainer)"
+                    yield site.value, _sibling_input_ids(facts, site), "the model in the batch (`model(**batch)`/Trainer)"
 
     @staticmethod
     def _is_model_call(facts: FileFacts, site) -> bool:
@@ -88,3 +88,17 @@ class PreShiftedLabels(Rule):
         if key is None:
             return False
         return facts.value(func, site.order, site.scope).kind == "model" or bool(_MODEL_NAME.search(key))
+
+
+def _sibling_input_ids(facts: FileFacts, site) -> Optional[cst.BaseExpression]:
+    """``batch["input_ids"] = ...`` next to ``batch["labels"] = ...`` (same dict, same scope): its value."""
+    if site.base_key is None:
+        return None
+    for other in facts.subscript_assigns:
+        target = other.target
+        if other is site or other.scope != site.scope or other.base_key != site.base_key:
+            continue
+        if len(target.slice) == 1 and isinstance(target.slice[0].slice, cst.Index):
+            if string_value(target.slice[0].slice.value) == "input_ids":
+                return other.value
+    return None

@@ -1,10 +1,21 @@
 from __future__ import annotations
 
-from gpudoctor.check.facts import FileFacts
+import libcst as cst
+
+from gpudoctor.check.facts import FileFacts, name_key
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
-from gpudoctor.check.rules.loop._common import in_loop, innermost_loop, is_optimizer_step, is_scheduler_call
+from gpudoctor.check.rules.loop._common import (
+    in_loop,
+    innermost_loop,
+    is_optimizer_step,
+    is_scheduler_call,
+    receiver_kind,
+)
+
+# Libraries whose scheduler objects follow torch's LRScheduler protocol (step() after optimizer.step()).
+_LIBRARY_PREFIXES = ("torch.", "transformers.", "diffusers.", "timm.", "accelerate.", "pytorch_lightning.", "lightning.")
 
 
 class SchedulerBeforeOptimizer(Rule):
@@ -22,6 +33,8 @@ class SchedulerBeforeOptimizer(Rule):
         for sched in steps:
             if sched.node.args or not is_scheduler_call(facts, sched):
                 continue  # ReduceLROnPlateau.step(metric) has no ordering check
+            if _custom_scheduler(facts, sched):
+                continue  # a hand-written scheduler that sets the lr for the step about to run
             loop = innermost_loop(sched)
             if loop is None:
                 continue
@@ -45,3 +58,27 @@ class SchedulerBeforeOptimizer(Rule):
                 "later value is shifted.",
                 fix_hint=f"Move `{snippet(facts, sched.node)}` after `{snippet(facts, opt.node)}`.",
             )
+
+
+def _custom_scheduler(facts: FileFacts, site) -> bool:
+    """The receiver is only *named* like a scheduler, and the file binds that name to an instance of a class
+    from outside torch/transformers (``scheduler = CycleScheduler(optimizer, ...)`` from the project's own
+    module). Such schedulers usually set the learning rate for the step about to run, so calling them
+    before ``optimizer.step()`` is their intended use, and torch's ordering warning does not apply."""
+    if receiver_kind(facts, site) == "scheduler":
+        return False
+    key = name_key(site.receiver)
+    if key is None:
+        return False
+    custom = False
+    for scope in (facts.module_scope, *facts.functions):
+        for binding in scope.bindings.get(key, ()):
+            if binding.kind != "assign" or not isinstance(binding.value, cst.Call):
+                continue
+            if facts.value(binding.value, binding.order, binding.scope).kind == "scheduler":
+                return False
+            qualname = facts.qualname(binding.value.func) or ""
+            if qualname.startswith(_LIBRARY_PREFIXES):
+                return False
+            custom = True
+    return custom
