@@ -158,9 +158,9 @@ def check_source(
 ) -> list[Finding]:
     """Run ``rules`` (default: every stable rule) over one source text. Raises cst.ParserSyntaxError."""
     import libcst as cst  # imported here: a run served from the cache never needs it
-    from libcst.metadata import MetadataWrapper, PositionProvider
 
     from gpudoctor.check.facts import collect
+    from gpudoctor.check.positions import positions as node_positions
 
     rule_classes = list(rules) if rules is not None else select_rules()
     active = [r for r in rule_classes if not r.triggers or any(t in source for t in r.triggers)]
@@ -176,9 +176,9 @@ def check_source(
             reports.append((rule_class, report))
     if not reports:
         return []
-    # Positions are only computed for files that have something to say (PositionProvider re-renders
-    # the whole module, which is the expensive part of libcst).
-    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    # Positions only for files that have something to say, and only of the reported nodes: rendering
+    # the module to count lines is the expensive part of libcst (see check/positions.py).
+    positions = node_positions(module, (report.node for _, report in reports))
     lines = source.splitlines()
     findings: list[Finding] = []
     seen = set()
