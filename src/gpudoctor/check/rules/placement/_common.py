@@ -25,6 +25,11 @@ SAME_DEVICE_METHODS = {
     "tril", "triu", "masked_fill", "fill_", "unbind", "chunk", "split", "flip", "cumsum", "sum", "mean", "exp",
     "log", "sqrt", "pow", "abs", "neg", "sin", "cos", "type", "view_as",
 }
+# Methods whose arguments are sizes or dims, never tensors: the result is still the created tensor.
+SHAPE_METHODS = {
+    "view", "reshape", "expand", "repeat", "permute", "transpose", "unsqueeze", "squeeze", "flatten", "unflatten",
+    "chunk", "split", "narrow", "tile", "roll", "flip", "sum", "mean", "cumsum", "tril", "triu", "contiguous",
+}
 # Methods whose result no longer is a tensor mixed into device code.
 INERT_METHODS = {"item", "tolist", "numpy", "size", "dim", "numel", "shape", "dtype", "device", "ndim", "nelement"}
 # Methods that place the tensor: its CPU creation is harmless.
@@ -207,6 +212,8 @@ def mixing_use(facts: FileFacts, node: cst.CSTNode, root: cst.CSTNode, depth: in
         if attr in PLACING_METHODS or attr in INERT_METHODS:
             return None
         if isinstance(call, cst.Call) and call.func is parent:
+            if attr in SHAPE_METHODS:
+                return mixing_use(facts, call, root, depth + 1)  # arange(n).view(1, -1).repeat(b * h, 1)
             others = [a.value for a in call.args]
             if attr in SAME_DEVICE_METHODS and not any(_is_tensor_like_expr(facts, o) for o in others):
                 return mixing_use(facts, call, root, depth + 1)
@@ -216,7 +223,7 @@ def mixing_use(facts: FileFacts, node: cst.CSTNode, root: cst.CSTNode, depth: in
         return None  # m.T, m.shape ...
     if isinstance(parent, cst.BinaryOperation):
         other = parent.right if parent.left is child else parent.left
-        if _literal_number(other):
+        if _literal_number(other) or _plain_number_attribute(facts, other):
             return mixing_use(facts, parent, root, depth + 1)
         if creation_qualname(facts, other):
             return None
@@ -239,6 +246,8 @@ def mixing_use(facts: FileFacts, node: cst.CSTNode, root: cst.CSTNode, depth: in
             return call  # torch.cat([x, m]), F.embedding(m, w), torch.where(...)
         key = name_key(call.func)
         if key and key.startswith("self."):
+            if _is_method_of_enclosing_class(facts, key, call):
+                return None  # self.helper(m): a method, not a submodule; what it does with m is not followed
             return call  # self.embed(m): the submodule's weights are on the model's device
         if isinstance(call.func, cst.Attribute) and call.func.attr.value in SAME_DEVICE_METHODS | {
             "add", "add_", "mul", "mul_", "sub", "div", "masked_fill_", "masked_fill", "matmul", "bmm", "mm",
@@ -295,6 +304,36 @@ def _first_position(facts: FileFacts, node: cst.CSTNode) -> int:
         if p >= 0:
             return p
     return -1
+
+
+def _plain_number_attribute(facts: FileFacts, node: cst.CSTNode) -> bool:
+    """``self.n_heads`` bound in the class to a number: an ``__init__`` argument, a literal, ``config.x``,
+    ``int(...)``/``len(...)``. Parameters and buffers (``nn.Parameter``, ``torch.*``) are not."""
+    key = name_key(node)
+    if key is None or not key.startswith("self."):
+        return False
+    order, scope = facts._position_of(node)
+    binding = facts.binding_at(key, order, scope)
+    value = binding.value if binding is not None else None
+    if value is None:
+        return False
+    if _literal_number(value) or isinstance(value, cst.Name):
+        return True
+    if isinstance(value, cst.Attribute):
+        head = value
+        while isinstance(head, cst.Attribute):
+            head = head.value
+        return isinstance(head, cst.Name) and head.value in ("config", "cfg", "args", "hparams", "self")
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
+        return value.func.value in ("int", "float", "len", "round", "max", "min")
+    return False
+
+
+def _is_method_of_enclosing_class(facts: FileFacts, key: str, node: cst.CSTNode) -> bool:
+    _, scope = facts._position_of(node.func if isinstance(node, cst.Call) else node)
+    name = key.split(".", 1)[1]
+    return any(f.class_name == scope.class_name and f.name == name and f.parent is not None and f.parent.kind == "class"
+               for f in facts.functions) if scope.class_name else False
 
 
 def _is_tensor_like_expr(facts: FileFacts, node: cst.CSTNode) -> bool:
