@@ -55,6 +55,8 @@ class EvalWithoutNoGrad(Rule):
             scope = frame.scope if frame else facts.module_scope
             if lightning and scope.name.endswith("_step"):
                 continue  # Lightning runs validation/test/predict steps without grad itself
+            if _framework_method(facts, scope):
+                continue  # a framework class calls it (transformers' Pipeline wraps _forward in no_grad)
             why = self._why_eval(facts, site, model, scope, loops[0])
             if why is None:
                 continue
@@ -139,3 +141,19 @@ class EvalWithoutNoGrad(Rule):
             Applicability.SAFE if safe else Applicability.UNSAFE,
             (Edit(node, wrapped),),
         )
+
+
+def _framework_method(facts: FileFacts, scope: Scope) -> bool:
+    """A method of a class derived from an imported, non-torch class (a Pipeline, a Trainer, a LightningModule,
+    a relative import): the framework calls it, often under no_grad, which this file cannot show."""
+    if scope.kind != "function" or scope.parent is None or scope.parent.kind != "class":
+        return False
+    for arg in getattr(scope.parent.node, "bases", ()):
+        base = arg.value
+        q = facts.qualname(base)
+        if q is not None:
+            if not q.startswith("torch."):
+                return True
+        elif isinstance(base, cst.Name) and not any(b.kind == "def" for b in facts.module_scope.bindings.get(base.value, ())):
+            return True  # from .base import Pipeline: defined elsewhere
+    return False

@@ -108,8 +108,12 @@ class LossTensorRunningTotal(Rule):
                 return True
             if call.method == "backward" and any(name_key(a.value) == key for a in call.node.args):
                 return True  # accelerator.backward(total)
-        # ``return total`` from a compute_loss-like function: the caller may optimize it.
-        return site.scope.kind == "function" and "loss" in site.scope.name.lower() and "train" not in site.scope.name.lower()
+        if site.scope.kind != "function":
+            return False
+        name = site.scope.name.lower()
+        # A model's forward or a compute_loss-like function returns the sum: the caller optimizes it
+        # (transformers' multi-token-prediction and MusicGen codebook losses are summed in loops).
+        return name == "forward" or ("loss" in name and "train" not in name)
 
     @staticmethod
     def _backward_on(facts: FileFacts, loss: cst.BaseExpression, loop: LoopFrame) -> bool:
