@@ -19,9 +19,25 @@ from gpudoctor import __version__
 from gpudoctor.check.finding import Finding, Severity
 
 SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
-INFORMATION_URI = "https://github.com/gpudoctor/gpudoctor"
-RULES_URI = INFORMATION_URI + "/blob/main/rules/{code}-{name}.md"
 LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
+
+
+def repository_url() -> Optional[str]:
+    """The project's repository from its package metadata (``[project.urls]``), if it declares one.
+
+    No URL is made up: without one, SARIF carries the rule docs inline (``help``) and no ``helpUri``.
+    """
+    from importlib import metadata
+
+    try:
+        entries = metadata.metadata("gpudoctor").get_all("Project-URL") or []
+    except metadata.PackageNotFoundError:
+        return None
+    for entry in entries:
+        label, _, url = entry.partition(",")
+        if label.strip().lower() in ("repository", "source", "homepage") and url.strip():
+            return url.strip().rstrip("/")
+    return None
 
 
 def artifact_uri(path: str) -> str:
@@ -44,7 +60,9 @@ def _rule_entry(code: str, name: str, summary: str, doc: Optional[str]) -> dict:
         if what:
             entry["fullDescription"] = {"text": what}
         entry["help"] = {"text": doc, "markdown": doc}
-    entry["helpUri"] = RULES_URI.format(code=code, name=name)
+    url = repository_url()
+    if url:
+        entry["helpUri"] = f"{url}/blob/main/rules/{code}-{name}.md"
     return entry
 
 
@@ -107,7 +125,6 @@ def render(findings: Sequence[Finding], errors: Sequence[str]) -> str:
                 "name": "gpudoctor",
                 "version": __version__,
                 "semanticVersion": __version__,
-                "informationUri": INFORMATION_URI,
                 "rules": rules,
             }
         },
