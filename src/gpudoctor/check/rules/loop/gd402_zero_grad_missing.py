@@ -35,6 +35,8 @@ class ZeroGradMissing(Rule):
             )
             if backward is None:
                 continue
+            if self._optimizer_built_in(facts, step, loop):
+                continue  # a fresh optimizer every iteration: a one-off step (numeric checks), not a training loop
             yield self.report(
                 step.node,
                 f"`{snippet(facts, step.node)}` runs in a loop that calls `{snippet(facts, backward.node)}`, but the "
@@ -42,3 +44,9 @@ class ZeroGradMissing(Rule):
                 "every update uses the sum of all gradients since the start and training diverges.",
                 fix_hint="Call `optimizer.zero_grad()` after `optimizer.step()` (or at the start of each iteration).",
             )
+
+    @staticmethod
+    def _optimizer_built_in(facts: FileFacts, step, loop) -> bool:
+        origin = facts.value(step.receiver, step.order, step.scope).origin().node
+        site = facts.call_site(origin) if origin is not None else None
+        return site is not None and in_loop(site, loop)
