@@ -49,10 +49,11 @@ class LossBackwardWithAccelerator(Rule):
             accumulates = "gradient_accumulation_steps" in kwargs and (steps is None or steps > 1)
             if mixed_precision_fp16(facts, kwargs) or accumulates:
                 severity = Severity.ERROR
-            elif _CONFIG_TEXT.search(facts.source):
+            elif "mixed_precision" not in kwargs or _CONFIG_TEXT.search(facts.source):
+                # Not set in code: `accelerate launch` applies the config file's mixed precision.
                 severity = Severity.WARNING
             else:
-                severity = Severity.INFO  # nothing in the file turns on fp16/accumulation/DeepSpeed
+                severity = Severity.INFO  # precision set in code to no/bf16, no accumulation: as written it works
             yield self.report(
                 site.node,
                 f"`{loss}.backward()` bypasses `{acc_name}`: with fp16 the loss is not scaled (the prepared "

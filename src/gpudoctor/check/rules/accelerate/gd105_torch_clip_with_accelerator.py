@@ -44,7 +44,8 @@ class TorchClipWithAccelerator(Rule):
                 why = "`mixed_precision=\"fp16\"` is set, so the gradients are still multiplied by the loss scale"
                 severity = Severity.ERROR
             else:
-                severity = Severity.WARNING if hint else Severity.INFO
+                # Not set in code: `accelerate launch` applies the config file's mixed precision.
+                severity = Severity.WARNING if hint or "mixed_precision" not in kwargs else Severity.INFO
                 why = (
                     "if fp16 is enabled (here or by `accelerate config`), the gradients are still multiplied by the "
                     "loss scale"
