@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Optional
 
 from gpudoctor import __version__
 from gpudoctor.check.finding import Applicability, Finding, Fix, Severity

@@ -15,7 +15,7 @@ from gpudoctor.check.finding import Finding, Severity
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "bold yellow", Severity.INFO: "bold cyan"}
 
 
-def render(findings: Sequence[Finding], errors: Sequence[str], console: Console, files_checked: int, show_fixes: bool = True) -> None:
+def render(findings: Sequence[Finding], errors: Sequence[str], console: Console, files_checked: int) -> None:
     for finding in findings:
         render_one(finding, console)
     for error in errors:

@@ -43,7 +43,7 @@ class DataParallelModelTooLarge(Rule):
             params = params_from_name(name)
             if params is None:
                 continue
-            optimizer = self._full_optimizer(facts, site, value)
+            optimizer = self._full_optimizer(facts, value)
             if optimizer is None:
                 continue
             weight_bytes, dtype_note = self._weight_bytes(facts, origin.node)
@@ -74,7 +74,7 @@ class DataParallelModelTooLarge(Rule):
             )
 
     @staticmethod
-    def _full_optimizer(facts: FileFacts, dp_site, dp_value):
+    def _full_optimizer(facts: FileFacts, dp_value):
         for site in facts.calls:
             if not (site.qualname and apis.is_optimizer(site.qualname)):
                 continue
