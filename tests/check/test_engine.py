@@ -125,3 +125,11 @@ def test_rules_see_aliases():
     )
     findings = check_source(source)
     assert [(f.line, f.code, f.severity.value) for f in findings] == [(7, "GD105", "error"), (8, "GD105", "error")]
+
+
+def test_named_files_are_checked_unless_force_exclude(tmp_path):
+    target = write(tmp_path, "generated/train.py", BACKWARD.format(suffix=""))
+    config = Config(root=tmp_path, exclude=["generated"])
+    assert [p.name for p in discover([str(target)], config)[0]] == ["train.py"]  # named: checked, like ruff
+    config.force_exclude = True  # what the pre-commit hooks pass
+    assert discover([str(target)], config)[0] == []
