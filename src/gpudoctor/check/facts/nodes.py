@@ -1,0 +1,79 @@
+"""Small questions about libcst nodes, shared by the collector and the rules."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+
+def call_arg(call: cst.Call, position: Optional[int] = None, keyword: Optional[str] = None):
+    if keyword is not None:
+        for arg in call.args:
+            if arg.keyword is not None and arg.keyword.value == keyword:
+                return arg.value
+    if position is not None:
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        if position < len(positional):
+            return positional[position].value
+    return None
+
+
+def string_value(node: Optional[cst.CSTNode]) -> Optional[str]:
+    if isinstance(node, cst.SimpleString):
+        try:
+            value = node.evaluated_value
+        except Exception:  # noqa: BLE001 - odd prefixes
+            return None
+        return value if isinstance(value, str) else None
+    if isinstance(node, cst.ConcatenatedString):
+        try:
+            value = node.evaluated_value
+        except Exception:  # noqa: BLE001
+            return None
+        return value if isinstance(value, str) else None
+    return None
+
+
+def int_value(node: Optional[cst.CSTNode]) -> Optional[int]:
+    if isinstance(node, cst.Integer):
+        try:
+            return int(node.value.replace("_", ""), 0)
+        except ValueError:
+            return None
+    return None
+
+
+def is_true(node: Optional[cst.CSTNode]) -> bool:
+    return isinstance(node, cst.Name) and node.value == "True"
+
+
+def name_key(node: Optional[cst.CSTNode]) -> Optional[str]:
+    """``model`` -> "model"; ``self.model`` -> "self.model"; anything else -> None."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
+        return "self." + node.attr.value
+    return None
+
+
+def dotted(node: cst.CSTNode) -> Optional[str]:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        head = dotted(node.value)
+        return f"{head}.{node.attr.value}" if head else None
+    return None
+
+
+def unwrap_iterable(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``tqdm(enumerate(loader), ...)`` -> ``loader``: what a loop really iterates."""
+    while isinstance(node, cst.Call) and node.args:
+        name = dotted(node.func) or ""
+        if name.split(".")[-1] in {"tqdm", "enumerate", "iter", "zip", "track", "list"}:
+            node = node.args[0].value
+            continue
+        break
+    return node
+
+
