@@ -29,3 +29,7 @@ def test_trace_cause_is_the_check_finding(tmp_path):
 
     findings = check_source(SCRIPT.read_text(), str(SCRIPT), rules=all_rules())
     assert (line, cause["rule"]) in {(f.line, f.code) for f in findings}
+    # and the trace report itself ends with that static finding
+    static = json.loads(report.read_text())["static"]
+    assert static["paths"] == [str(SCRIPT)]
+    assert (line, cause["rule"]) in {(f["line"], f["code"]) for f in static["findings"]}

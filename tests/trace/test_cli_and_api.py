@@ -82,8 +82,10 @@ def test_cli_usage_and_bad_script():
     assert cli.main(["--help"]) == 0
     assert cli.main(["does_not_exist.py"]) == 2
     assert cli.parse(["--deep", "--json", "x.json", "-m", "a.b", "--flag"]) == (
-        {"json": "x.json", "deep": True, "quiet": False}, [sys.executable, "-m", "a.b", "--flag"])
-    assert cli.parse(["--", "accelerate", "launch", "t.py"])[1] == ["accelerate", "launch", "t.py"]
+        {"json": "x.json", "deep": True, "quiet": False, "check": True}, [sys.executable, "-m", "a.b", "--flag"])
+    assert cli.parse(["--no-check", "--", "accelerate", "launch", "t.py"]) == (
+        {"json": None, "deep": False, "quiet": False, "check": False}, ["accelerate", "launch", "t.py"])
+    assert cli.traced_scripts(["accelerate", "launch", __file__, "--epochs", "1"]) == [__file__]
 
 
 def test_lazy_forwarding_and_watch_handle():

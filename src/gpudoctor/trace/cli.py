@@ -19,11 +19,12 @@ options:
   --json PATH   also write the merged report as JSON (schema: gpudoctor/trace/schema.md)
   --deep        check devices on every aten op (catches meta/CPU mixes CPU kernels accept; slower)
   --quiet       no terminal report (use with --json)
+  --no-check    skip the static check (`gpudoctor check`) of the traced script(s) that closes the report
 """
 
 
 def parse(argv: list[str]) -> tuple[dict, list[str]] | None:
-    opts = {"json": None, "deep": False, "quiet": False}
+    opts = {"json": None, "deep": False, "quiet": False, "check": True}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -41,6 +42,8 @@ def parse(argv: list[str]) -> tuple[dict, list[str]] | None:
             opts["deep"] = True
         elif arg in ("--quiet", "-q"):
             opts["quiet"] = True
+        elif arg == "--no-check":
+            opts["check"] = False
         elif arg == "--":
             return opts, argv[i + 1:]
         elif arg == "-m":
@@ -70,6 +73,8 @@ def main(argv: list[str]) -> int:
     code, reports = run_traced(command, deep=opts["deep"])
     merged = merge(reports, command=command, exit_code=code)
     try:
+        if opts["check"]:
+            merged["static"] = static_check(command)
         if opts["json"]:
             write_json(merged, opts["json"])
         if not opts["quiet"]:
@@ -77,6 +82,25 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # the program's exit code matters more than our rendering
         sys.stderr.write(f"gpudoctor: could not render the report: {type(exc).__name__}: {exc}\n")
     return code
+
+
+def traced_scripts(command: list[str]) -> list[str]:
+    """The user's own ``.py`` files in the command (the script, or what a launcher is given to run)."""
+    return [arg for arg in command[1:] if arg.endswith(".py") and os.path.isfile(arg)]
+
+
+def static_check(command: list[str]) -> dict:
+    """``gpudoctor check`` on the traced scripts: the runtime report ends with what the code shows."""
+    from pathlib import Path
+
+    from gpudoctor.check.config import Config
+    from gpudoctor.check.engine import check_paths
+
+    paths = traced_scripts(command)
+    if not paths:
+        return {"paths": [], "findings": [], "errors": []}
+    result = check_paths(paths, Config.discover(Path(paths[0]).resolve().parent))
+    return {"paths": paths, "findings": [f.to_dict() for f in result.findings], "errors": result.errors}
 
 
 if __name__ == "__main__":

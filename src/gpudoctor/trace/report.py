@@ -105,6 +105,7 @@ def render(merged: dict, console=None) -> None:
             _render_finding(console, group[0][1], [_rank_label(r) for r, _ in group] if len(ranks) > 1 else [])
     for report in ranks:
         _render_summary(console, report, len(ranks) > 1)
+    _render_static(console, merged.get("static"))
     errors = [e for r in ranks for e in r.get("probe_errors") or []]
     if errors:
         console.print(f"[dim]probe notes ({len(errors)}): {errors[0]}[/]")
@@ -113,6 +114,35 @@ def render(merged: dict, console=None) -> None:
     style = "red" if verdict == "failed" or code else "green"
     n_find = sum(len(r.get("findings") or []) for r in ranks)
     console.rule(f"[bold {style}]{verdict}, exit code {code}; {n_find} silent problem(s)[/]")
+
+
+def _render_static(console, static: dict | None) -> None:
+    """One line per finding of ``gpudoctor check`` on the traced script(s)."""
+    if not static or not static.get("paths"):
+        return
+    from rich.markup import escape
+
+    findings = static.get("findings") or []
+    names = ", ".join(os.path.basename(p) for p in static["paths"])
+    console.print()
+    if not findings:
+        console.print(f"[bold]Static check[/] of {escape(names)}: [green]nothing found[/]")
+        return
+    console.print(f"[bold]Static check[/] of {escape(names)} ([dim]gpudoctor check[/]): {len(findings)} finding(s)")
+    for f in findings:
+        console.print(
+            f"  {escape(os.path.basename(f['path']))}:{f['line']}:{f['column']} [bold]{f['code']}[/] {f['severity']} "
+            f"[dim]{f['name']}[/] — {escape(_first_clause(f['message']))}",
+            highlight=False,
+        )
+    console.print("  [dim]details and fixes: gpudoctor check " + escape(" ".join(static["paths"])) + "[/]")
+
+
+def _first_clause(message: str, limit: int = 200) -> str:
+    clause = message.split("; ")[0]
+    if len(clause) <= limit:
+        return clause
+    return clause[: limit - 1].rsplit(" ", 1)[0] + " …"
 
 
 def _group(items, key):
