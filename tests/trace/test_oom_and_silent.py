@@ -95,3 +95,23 @@ def test_clean_run_has_no_findings_and_a_placement_summary():
         {"device": "cpu", "params": 25, "bytes": 100, "trainable": 25, "modules": ["Sequential"]}]}]
     assert report["memory"]["devices"][-1]["device"] == "cpu" and report["memory"]["devices"][-1]["peak_rss"] > 0
     assert any("no CUDA" in note for note in report["memory"]["notes"])
+
+
+def _train(lr: float, steps: int = 3, scale_loss: float = 1.0):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    with Probe(model, print_on_error=False) as probe:
+        for _ in range(steps):
+            loss = model(torch.randn(16, 4)).pow(2).mean() * scale_loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return {f["id"]: f for f in probe.report()["findings"]}
+
+
+def test_stepped_parameters_that_never_change_are_reported():
+    findings = _train(lr=0.0)  # e.g. a schedule stuck at 0
+    assert findings["stepped_but_unchanged"]["items"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert "stepped_but_unchanged" not in _train(lr=0.1)
+    assert "stepped_but_unchanged" not in _train(lr=0.0, steps=1)  # one step proves nothing

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.nn as nn
 
 from gpudoctor.trace.diagnose import compress_paths, placement_groups
-from gpudoctor.trace.probe import Probe, _offload_hook
+from gpudoctor.trace.probe import Probe, _offload_hook, value_fingerprint
 
 
 def _names(probe: Probe) -> dict[int, str]:
@@ -106,7 +106,32 @@ def silent_findings(probe: Probe) -> list[dict]:
                 "fix": "Freeze them with `requires_grad_(False)`, or add them to the optimizer if they should train.",
                 "items": wasted[:12],
             })
+    unchanged = _stepped_but_unchanged(probe, names)
+    if unchanged:
+        findings.append({
+            "id": "stepped_but_unchanged", "severity": "warning", "rule": None,
+            "title": f"{len(unchanged)} trainable parameter(s) had gradients and were stepped {probe.steps} times but never changed",
+            "detail": "The optimizer ran and the gradients existed, yet the values are what they were at the first step: a "
+                      "learning rate of 0 (a schedule stuck at its start), an fp16 GradScaler skipping every step on inf/NaN "
+                      "gradients, or gradients zeroed between backward and step.",
+            "fix": "Print the learning rate and `scaler.get_scale()` per step (a scale that halves every step means every step is "
+                   "skipped), and keep the order zero_grad → backward → step.",
+            "items": unchanged[:12],
+        })
     return findings
+
+
+def _stepped_but_unchanged(probe: Probe, names: dict[int, str]) -> list[str]:
+    if probe.steps < 2:
+        return []
+    out = []
+    for pid, (ref, first) in probe.first_values.items():
+        param = ref()
+        if param is None or pid not in probe.optimizer_param_ids or not param.requires_grad:
+            continue
+        if value_fingerprint(param) == first:
+            out.append(names.get(pid, "?"))
+    return out
 
 
 def placement(probe: Probe) -> list[dict]:

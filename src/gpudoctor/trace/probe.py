@@ -86,6 +86,25 @@ def _on_first_grad(tensors: list, callback) -> None:
         register_multi_grad_hook(tensors, callback, mode="any")
 
 
+def value_fingerprint(tensor: torch.Tensor) -> tuple[float, float] | None:
+    """(sum, sum of squares) in float64: changes when any element changes (a whole-tensor reduction, so a
+    sparse update of an embedding row counts too). None for data-less tensors (meta, fake)."""
+    if tensor.device.type == "meta" or type(tensor).__name__ == "FakeTensor" or tensor.numel() == 0:
+        return None
+    try:
+        with torch.no_grad():
+            total = squares = None
+            # In chunks: a float64 copy of a whole embedding matrix could itself run the GPU out of memory.
+            for chunk in tensor.detach().reshape(-1).split(1 << 22):
+                chunk = chunk.double()
+                part, part_sq = chunk.sum(), chunk.square().sum()
+                total = part if total is None else total + part
+                squares = part_sq if squares is None else squares + part_sq
+            return (total.item(), squares.item())
+    except Exception:  # noqa: BLE001 - a tensor we cannot read is simply not fingerprinted
+        return None
+
+
 def _offload_hook(module: nn.Module):
     """accelerate's AlignDevicesHook on ``module`` if it offloads (weights live in a weights_map)."""
     hook = getattr(module, "_hf_hook", None)
@@ -128,6 +147,8 @@ class Probe:
         self.grads_seen: set[int] = set()
         self.frozen_with_grad: dict[int, str] = {}
         self.optimizer_param_ids: set[int] = set()
+        # id -> (parameter, fingerprint when the optimizer first saw it with a gradient)
+        self.first_values: dict[int, tuple] = {}
         self.offloaded_calls: dict[str, int] = {}
         self.meta_at_forward: dict[str, list[str]] = {}
         self.checked_modules: set[int] = set()
@@ -314,6 +335,10 @@ class Probe:
                     self.optimizer_param_ids.add(pid)
                     if param.grad is not None:
                         self.grads_seen.add(pid)
+                        if pid not in self.first_values and param.requires_grad:
+                            fingerprint = value_fingerprint(param)
+                            if fingerprint is not None:
+                                self.first_values[pid] = (weakref.ref(param), fingerprint)
                         if not param.requires_grad and pid not in self.frozen_with_grad:
                             self.frozen_with_grad[pid] = ""
         except Exception as exc:
