@@ -137,3 +137,9 @@ def test_single_device_map_is_not_dispatch():
         """
     )
     assert not value_at_call(facts, "use").has(TRAIT_DISPATCHED)
+
+
+def test_launch_hints_need_real_evidence_of_several_processes():
+    assert facts_of("n = accelerator.num_processes\n").launch_hints == []  # read for logging, one process too
+    assert facts_of("# run: accelerate launch --num_processes 2 train.py\n").launch_hints == ["accelerate launch", "num_processes"]
+    assert facts_of("import os\nrank = int(os.environ['LOCAL_RANK'])\n").launch_hints == ["LOCAL_RANK"]

@@ -43,9 +43,10 @@ from gpudoctor.check.facts.values import (
     Value,
 )
 
-# Words in comments or strings that show the file runs as several processes.
+# Words in comments or strings that show the file runs as several processes. ``accelerator.num_processes``
+# (read for logging in single-process scripts too) is not evidence; ``--num_processes 2`` is.
 _LAUNCH_HINT = re.compile(
-    r"accelerate\s+launch|torchrun|torch\.distributed\.(run|launch)|nproc_per_node|num_processes|"
+    r"accelerate\s+launch|torchrun|torch\.distributed\.(run|launch)|nproc_per_node|(?<![.\w])num_processes|"
     r"LOCAL_RANK|WORLD_SIZE|init_process_group|DistributedDataParallel|notebook_launcher|"
     r"deepspeed\s+\S+\.py"
 )
