@@ -202,6 +202,17 @@ class FileFacts:
                 current = current.parent  # class bodies are not enclosing scopes for methods
         return None
 
+    def assignment_of(self, node: Optional[cst.CSTNode], order: int, scope: Scope) -> Optional[Binding]:
+        """The plain ``name = value`` (or ``self.x = value``) that ``node`` refers to at ``order``; None for
+        anything else (a parameter, a loop target, an unpacking, an unknown name)."""
+        key = name_key(node) if node is not None else None
+        if key is None:
+            return None
+        binding = self.binding_at(key, order, scope)
+        if binding is None or binding.kind != "assign" or binding.value is None:
+            return None
+        return binding
+
     def value(self, node: Optional[cst.CSTNode], order: Optional[int] = None, scope: Optional[Scope] = None) -> Value:
         """Evaluate ``node`` as seen at ``order`` in ``scope`` (defaults: where the node is)."""
         if node is None:
@@ -401,14 +412,7 @@ class FileFacts:
         traits: dict[str, Any] = {}
         if any(isinstance(f, WithFrame) and f.qualname in apis.INIT_EMPTY for f in context):
             traits[TRAIT_EMPTY] = call
-        device_map = self.device_map(call_arg(call, keyword="device_map"), order, scope)
-        if device_map is not None:
-            traits["device_map"] = device_map
-            if device_map.maybe_dispatched:
-                traits[TRAIT_DISPATCHED] = device_map
-            offload = self._offload_evidence(call, device_map)
-            if offload:
-                traits[TRAIT_OFFLOADED] = offload
+        traits.update(self._placement_traits(call, self.device_map(call_arg(call, keyword="device_map"), order, scope)))
         for kw in ("load_in_8bit", "load_in_4bit"):
             if is_true(call_arg(call, keyword=kw)):
                 traits[TRAIT_QUANTIZED] = call
@@ -431,6 +435,18 @@ class FileFacts:
                 return self.qualname(binding.value.func) == apis.BNB_CONFIG
         return False
 
+    def _placement_traits(self, call: cst.Call, device_map: Optional[DeviceMap]) -> dict[str, Any]:
+        """What a loading/dispatching call's ``device_map`` says: the map, dispatch, offload evidence."""
+        if device_map is None:
+            return {}
+        traits: dict[str, Any] = {"device_map": device_map}
+        if device_map.maybe_dispatched:
+            traits[TRAIT_DISPATCHED] = device_map
+        offload = self._offload_evidence(call, device_map)
+        if offload:
+            traits[TRAIT_OFFLOADED] = offload
+        return traits
+
     def _offload_evidence(self, call: cst.Call, device_map: DeviceMap) -> Optional[str]:
         if device_map.explicit_offload and device_map.strategy == "explicit":
             return "the device map puts modules on " + " and ".join(sorted(device_map.explicit_offload))
@@ -451,15 +467,9 @@ class FileFacts:
 
     def _dispatched(self, base: Value, site: CallSite) -> Value:
         call = site.node
-        device_map = self.device_map(call_arg(call, keyword="device_map", position=1 if site.qualname == "accelerate.dispatch_model" else None), site.order, site.scope)
-        traits: dict[str, Any] = {}
-        if device_map is not None:
-            traits["device_map"] = device_map
-            if device_map.maybe_dispatched:
-                traits[TRAIT_DISPATCHED] = device_map
-            offload = self._offload_evidence(call, device_map)
-            if offload:
-                traits[TRAIT_OFFLOADED] = offload
+        position = 1 if site.qualname == "accelerate.dispatch_model" else None
+        device_map = self.device_map(call_arg(call, keyword="device_map", position=position), site.order, site.scope)
+        traits = self._placement_traits(call, device_map)
         dtype = call_arg(call, keyword="dtype")
         if dtype is not None:
             traits["dispatch_dtype"] = dtype

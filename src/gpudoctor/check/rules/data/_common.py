@@ -8,7 +8,7 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from gpudoctor.check.facts import FileFacts, Scope, call_arg, dotted, int_value, is_true, name_key, string_value
+from gpudoctor.check.facts import FileFacts, Scope, call_arg, dotted, int_value, is_true, string_value
 
 _TOKENIZE_METHODS = {None, "__call__", "encode_plus", "batch_encode_plus", "encode", "apply_chat_template"}
 # Methods/functions that keep the token ids (and the tokenization) of what they are applied to.
@@ -73,16 +73,6 @@ def peel(facts: FileFacts, node: cst.BaseExpression) -> cst.BaseExpression:
     return node
 
 
-def _binding_value(facts: FileFacts, node: cst.BaseExpression, order: int, scope: Scope):
-    key = name_key(node)
-    if key is None:
-        return None
-    binding = facts.binding_at(key, order, scope)
-    if binding is None or binding.kind != "assign" or binding.value is None:
-        return None
-    return binding
-
-
 def ids_source(facts: FileFacts, node: Optional[cst.BaseExpression], order: int, scope: Scope, depth: int = 0) -> Optional[cst.Call]:
     """The tokenizer call whose ``input_ids`` ``node`` is: ``enc["input_ids"].flatten()`` with
     ``enc = tokenizer(text, ...)``, ``tokenizer.encode(text)``, a name bound to either."""
@@ -101,7 +91,7 @@ def ids_source(facts: FileFacts, node: Optional[cst.BaseExpression], order: int,
         base = node.value
     if base is not None:
         return encoding_source(facts, base, order, scope, depth + 1)
-    binding = _binding_value(facts, node, order, scope)
+    binding = facts.assignment_of(node, order, scope)
     if binding is not None:
         return ids_source(facts, binding.value, binding.order, binding.scope, depth + 1)
     return None
@@ -114,7 +104,7 @@ def encoding_source(facts: FileFacts, node: cst.BaseExpression, order: int, scop
     call = tokenizer_call(facts, node)
     if call is not None:
         return call
-    binding = _binding_value(facts, node, order, scope)
+    binding = facts.assignment_of(node, order, scope)
     if binding is not None:
         return encoding_source(facts, binding.value, binding.order, binding.scope, depth + 1)
     return None

@@ -64,11 +64,8 @@ class ArgmaxAsGeneration(Rule):
             if found is not None:
                 return found
             return None
-        key = name_key(node)
-        if key is None:
-            return None
-        binding = facts.binding_at(key, order, scope)
-        if binding is None or binding.kind != "assign" or binding.value is None:
+        binding = facts.assignment_of(node, order, scope)
+        if binding is None:
             return None
         return self._argmax_of(facts, binding.value, binding.order, binding.scope, depth + 1)
 

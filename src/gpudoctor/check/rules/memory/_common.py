@@ -174,13 +174,10 @@ def graph_tensor(facts: FileFacts, node: Optional[cst.BaseExpression], order: in
                 return "loss"
             return "logits"
         return base
-    key = name_key(node)
-    if key is not None:
-        binding = facts.binding_at(key, order, scope)
-        if binding is None or binding.kind != "assign" or binding.value is None:
-            return None
-        return graph_tensor(facts, binding.value, binding.order, binding.scope, depth + 1)
-    return None
+    binding = facts.assignment_of(node, order, scope)
+    if binding is None:
+        return None
+    return graph_tensor(facts, binding.value, binding.order, binding.scope, depth + 1)
 
 
 def torch_no_grad_expr(facts: FileFacts) -> Optional[cst.BaseExpression]:

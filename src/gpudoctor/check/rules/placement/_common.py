@@ -388,12 +388,10 @@ def placement(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: 
         if is_module_constructor(facts, node):
             return "unplaced"
         return None
-    key = name_key(node)
-    if key is None:
+    binding = facts.assignment_of(node, order, scope)
+    if binding is None:
         return None
-    binding = facts.binding_at(key, order, scope)
-    if binding is None or binding.kind != "assign":
-        return None
+    key = binding.key
     for site in facts.calls:
         if binding.order < site.order < order and name_key(site.receiver) == key and site.method in apis.MODULE_MOVES:
             if facts._same_namespace(site.scope, scope, key):

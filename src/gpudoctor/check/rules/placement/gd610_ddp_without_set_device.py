@@ -63,12 +63,10 @@ class DdpWithoutSetDevice(Rule):
             if isinstance(node.func, cst.Attribute) and node.func.attr.value in apis.MODULE_MOVES:
                 return None
             return None
-        key = name_key(node)
-        if key is None:
+        binding = facts.assignment_of(node, order, scope)
+        if binding is None:
             return None
-        binding = facts.binding_at(key, order, scope)
-        if binding is None or binding.kind != "assign":
-            return None
+        key = binding.key
         for site in facts.calls:
             if binding.order < site.order < order and name_key(site.receiver) == key and site.method in apis.MODULE_MOVES:
                 return site if self._indexless(facts, site) else None
