@@ -211,25 +211,49 @@ def with_kwarg(call: cst.Call, keyword: str, value: cst.BaseExpression) -> cst.C
     return call.with_changes(args=[*args, new_arg])
 
 
-# GPU names -> memory in GiB (the smallest common variant), for files that name their hardware.
-_GPU_MEMORY = {
-    "T4": 15, "P100": 16, "V100": 16, "K80": 12, "A10G": 22, "A10": 24, "L4": 22, "A100": 40, "H100": 80,
+# What a file says about its GPUs, in comments, strings or a pasted OOM message.
+# "6x RTX 3070 Ti (8 GB each)", "2 x A100 80GB", "4×24GB"
+_COUNT_AND_SIZE = re.compile(r"\b(\d{1,2})\s*[x×]\s*[^\n,;]{0,30}?(\d{1,3}(?:\.\d+)?)\s*(GB|GiB|G)\b", re.IGNORECASE)
+# "a 24 GB GPU", "16GB VRAM", "8 GB 显存"
+_SIZE_GPU = re.compile(r"\b(\d{1,3}(?:\.\d+)?)\s*(GB|GiB)\s*(?:of\s+)?(?:GPU|VRAM|video memory|显存|graphics card)", re.IGNORECASE)
+# A pasted OOM message: "GPU 0 has a total capacty of 7.58 GiB"
+_OOM_CAPACITY = re.compile(r"GPU \d+ has a total capac\w* of (\d+(?:\.\d+)?) GiB")
+# "8 GB each", "24GB per GPU"
+_SIZE_EACH = re.compile(r"\b(\d{1,3}(?:\.\d+)?)\s*(GB|GiB)\b[^\n]{0,20}?\b(?:each|per (?:GPU|card))\b", re.IGNORECASE)
+# GPU models -> memory in GB (the smallest common variant), for files that only name their hardware.
+_GPU_MEMORY_GB = {
+    "T4": 16, "P100": 16, "V100": 16, "K80": 12, "A10G": 24, "A10": 24, "L4": 24, "A100": 40, "H100": 80,
     "3060": 12, "3070": 8, "3080": 10, "3090": 24, "4060": 8, "4070": 12, "4080": 16, "4090": 24, "2080": 8, "1080": 8,
 }
-_GPU_NAME = re.compile(r"\b(?:RTX\s*|GTX\s*|Tesla\s*|NVIDIA\s*)?(" + "|".join(sorted(_GPU_MEMORY, key=len, reverse=True)) + r")(?:\s*Ti)?\b")
-_GPU_GB = re.compile(
-    r"(?:GPU\s*\d+\s*has a total capac\w*\s*of\s*(?P<oom>\d+(?:\.\d+)?)\s*GiB)|"
-    r"(?P<gb>\d+(?:\.\d+)?)\s*(?:GB|GiB|G)\b[^\n]{0,20}?(?:each|per (?:GPU|card)|VRAM|of GPU memory|显存)",
-    re.IGNORECASE,
+_GPU_NAME = re.compile(
+    r"\b(?:RTX\s*|GTX\s*|Tesla\s*|NVIDIA\s*)?(" + "|".join(sorted(_GPU_MEMORY_GB, key=len, reverse=True)) + r")(?:\s*Ti)?\b"
 )
+_GIB_PER_GB = 1.0737  # 1 GiB = 1.0737 GB
 
 
-def stated_gpu_memory(facts: FileFacts) -> Optional[tuple[float, str]]:
-    """GiB per GPU that the file itself states (an OOM message it quotes, "8 GB each", a GPU model), with the text."""
-    match = _GPU_GB.search(facts.source)
+def stated_gpus(source: str, model_names: bool = False) -> Optional[tuple[int, float, str]]:
+    """(number of GPUs, GB per GPU, the text that says so), as far as the file states it.
+
+    ``model_names``: also accept "8 GB each" and a bare GPU model ("RTX 3070 Ti" -> 8 GB, count 1).
+    """
+    match = _COUNT_AND_SIZE.search(source)
+    if match and not re.match(r"\s*(RAM|memory\b(?! of the GPU))", source[match.end() : match.end() + 8], re.IGNORECASE):
+        size = float(match.group(2)) * (_GIB_PER_GB if match.group(3).lower() == "gib" else 1.0)
+        return int(match.group(1)), size, match.group(0)
+    match = _OOM_CAPACITY.search(source)
     if match:
-        return float(match.group("oom") or match.group("gb")), match.group(0).strip()
-    named = _GPU_NAME.search(facts.source)
+        return 1, float(match.group(1)) * _GIB_PER_GB, match.group(0)
+    match = _SIZE_GPU.search(source)
+    if match:
+        size = float(match.group(1)) * (_GIB_PER_GB if match.group(2).lower() == "gib" else 1.0)
+        return 1, size, match.group(0)
+    if not model_names:
+        return None
+    match = _SIZE_EACH.search(source)
+    if match:
+        size = float(match.group(1)) * (_GIB_PER_GB if match.group(2).lower() == "gib" else 1.0)
+        return 1, size, match.group(0).strip()
+    named = _GPU_NAME.search(source)
     if named:
-        return float(_GPU_MEMORY[named.group(1)]), named.group(0).strip()
+        return 1, float(_GPU_MEMORY_GB[named.group(1)]), named.group(0).strip()
     return None

@@ -3,7 +3,7 @@ from __future__ import annotations
 from gpudoctor.check import apis, versions
 from gpudoctor.check.facts import TRAIT_DISPATCHED, TRAIT_PEFT, TRAIT_QUANTIZED, FileFacts, call_arg
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import _parameters_owner, checkpoint_name, params_from_name, snippet, stated_gpu_memory
+from gpudoctor.check.queries import _parameters_owner, checkpoint_name, params_from_name, snippet, stated_gpus
 from gpudoctor.check.rule import Rule
 
 _GIB = 1024**3
@@ -51,12 +51,13 @@ class DataParallelModelTooLarge(Rule):
             state = 2 * weight_bytes if opt_name in ("Adam", "AdamW") else 0
             per_param = 2 * weight_bytes + state
             total = params * per_param / _GIB
-            stated = stated_gpu_memory(facts)
+            stated = stated_gpus(facts.source, model_names=True)
             if stated is not None:
-                if total <= stated[0]:
+                per_gpu_gib = stated[1] * 1e9 / _GIB
+                if total <= per_gpu_gib:
                     continue
                 severity = Severity.ERROR
-                hardware = f" The file states \"{stated[1]}\" (~{stated[0]:g} GiB per GPU)."
+                hardware = f" The file states \"{stated[2]}\" (~{per_gpu_gib:.0f} GiB per GPU)."
             elif total > _THRESHOLD_GIB:
                 severity, hardware = Severity.WARNING, ""
             else:

@@ -8,36 +8,14 @@ import libcst as cst
 from gpudoctor.check import apis, versions
 from gpudoctor.check.facts import TRAIT_CAST, TRAIT_PEFT, TRAIT_QUANTIZED, FileFacts, call_arg, string_value
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import checkpoint_name, params_from_name, trained_models
+from gpudoctor.check.queries import checkpoint_name, params_from_name, stated_gpus, trained_models
 from gpudoctor.check.rule import Rule
 
 _GB = 1e9
 _GIB = 1024**3
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
-# "6x RTX 3070 Ti (8 GB each)", "2 x A100 80GB", "4×24GB"
-_COUNT_AND_SIZE = re.compile(r"\b(\d{1,2})\s*[x×]\s*[^\n,;]{0,30}?(\d{1,3}(?:\.\d+)?)\s*(GB|GiB|G)\b", re.IGNORECASE)
-# "a 24 GB GPU", "16GB VRAM", "8 GB 显存"
-_SIZE_GPU = re.compile(r"\b(\d{1,3}(?:\.\d+)?)\s*(GB|GiB)\s*(?:of\s+)?(?:GPU|VRAM|video memory|显存|graphics card)", re.IGNORECASE)
-# A pasted OOM message: "GPU 0 has a total capacty of 7.58 GiB"
-_OOM_CAPACITY = re.compile(r"GPU \d+ has a total capac\w* of (\d+(?:\.\d+)?) GiB")
 _SHARDED = re.compile(r"(?i:deepspeed|\bfsdp|FullyShardedDataParallel|zero_stage|zero[_-]?3|offload_optimizer)|\bZeRO\b")
 _CHEAP_OPTIMIZERS = re.compile(r"8bit|paged|adafactor|sgd|lion|galore|lomo", re.IGNORECASE)
-
-
-def stated_gpus(source: str) -> Optional[tuple[int, float, str]]:
-    """(number of GPUs, GB per GPU, the text that says so) from comments, strings or a pasted OOM message."""
-    match = _COUNT_AND_SIZE.search(source)
-    if match and not re.match(r"\s*(RAM|memory\b(?! of the GPU))", source[match.end() : match.end() + 8], re.IGNORECASE):
-        size = float(match.group(2)) * (1.0737 if match.group(3).lower() == "gib" else 1.0)
-        return int(match.group(1)), size, match.group(0)
-    match = _OOM_CAPACITY.search(source)
-    if match:
-        return 1, float(match.group(1)) * 1.0737, match.group(0)
-    match = _SIZE_GPU.search(source)
-    if match:
-        size = float(match.group(1)) * (1.0737 if match.group(2).lower() == "gib" else 1.0)
-        return 1, size, match.group(0)
-    return None
 
 
 class FullFinetuneExceedsGpu(Rule):
