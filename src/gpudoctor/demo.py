@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.rule import Rule
 
 from gpudoctor.check.docs import bundled_dir
+from gpudoctor.trace.frames import short_path
 
 TRACE_SCRIPT = "demo_device_mismatch.py"
 
@@ -53,8 +54,8 @@ def demo_check(console: Console) -> list[str]:
 
     seeds = bundled_dir("fixtures") / "seeds"
     console.print(Rule("[bold]1. gpudoctor check[/] — the three field reports, reconstructed"))
-    buggy = sorted(_shown(p) for p in seeds.glob("*.py") if not p.name.endswith(".fixed.py"))
-    fixed = sorted(_shown(p) for p in seeds.glob("*.fixed.py"))
+    buggy = sorted(short_path(str(p)) for p in seeds.glob("*.py") if not p.name.endswith(".fixed.py"))
+    fixed = sorted(short_path(str(p)) for p in seeds.glob("*.fixed.py"))
     config = Config(root=seeds)
     result = check_paths(buggy, config)
     text.render(result.findings, result.errors, console, len(buggy))
@@ -72,14 +73,6 @@ def demo_check(console: Console) -> list[str]:
     return problems
 
 
-def _shown(path: Path) -> str:
-    """Relative to the working directory when inside it: shorter, and what a user would type."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
 def demo_trace(console: Console) -> list[str]:
     script = bundled_dir("fixtures") / "trace" / TRACE_SCRIPT
     console.print(Rule("[bold]2. gpudoctor trace[/] — a device mismatch on two virtual GPUs"))
@@ -89,7 +82,7 @@ def demo_trace(console: Console) -> list[str]:
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "trace.json"
         completed = subprocess.run(
-            [sys.executable, "-m", "gpudoctor", "trace", "--json", str(report), _shown(script)],
+            [sys.executable, "-m", "gpudoctor", "trace", "--json", str(report), short_path(str(script))],
             capture_output=True,
             text=True,
             timeout=300,
