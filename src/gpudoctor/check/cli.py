@@ -45,8 +45,6 @@ def run_check(args) -> int:
         if not any(k.startswith(code.upper()) for k in known):
             stderr.print(f"[bold red]error[/]: unknown rule code or prefix {code!r} (see `gpudoctor rule --all`)")
             return EXIT_ERROR
-    if args.fix or args.diff:
-        config.keep_fixes = True
 
     jobs = args.jobs if args.jobs > 0 else (os.cpu_count() or 1)
     if args.fix or args.diff:

@@ -36,7 +36,6 @@ class Config:
     force_exclude: bool = False
     root: Path = field(default_factory=Path.cwd)
     source: Optional[Path] = None  # the pyproject.toml read, if any
-    keep_fixes: bool = False
 
     # ---------------------------------------------------------------- loading
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 from gpudoctor.check.config import Config
-from gpudoctor.check.finding import Finding, Fix, Severity
+from gpudoctor.check.finding import Finding, Fix
 from gpudoctor.check.registry import select_rules
 from gpudoctor.check.rule import Rule
 
@@ -434,10 +434,3 @@ class _Progress:
     def stop(self) -> None:
         if self._started:
             self._progress.stop()
-
-
-def count_by_severity(findings: Iterable[Finding]) -> dict[Severity, int]:
-    counts = {s: 0 for s in Severity}
-    for finding in findings:
-        counts[finding.severity] += 1
-    return counts

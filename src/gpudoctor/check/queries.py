@@ -8,7 +8,7 @@ from typing import Iterator, Optional
 import libcst as cst
 
 from gpudoctor.check import apis
-from gpudoctor.check.facts import CallSite, FileFacts, Scope, Value, call_arg, name_key, string_value
+from gpudoctor.check.facts import CallSite, FileFacts, Scope, call_arg, name_key, string_value
 from gpudoctor.check.finding import Severity
 
 
@@ -108,18 +108,6 @@ def _parameters_owner(params: Optional[cst.BaseExpression]) -> Optional[cst.Base
         for_in = params.for_in
         return _parameters_owner(for_in.iter)
     return None
-
-
-def is_model_value(value: Value) -> bool:
-    return value.kind == "model"
-
-
-def key_text(node: cst.CSTNode) -> str:
-    return name_key(node) or ""
-
-
-def kwarg(site: CallSite, name: str) -> Optional[cst.BaseExpression]:
-    return call_arg(site.node, keyword=name)
 
 
 # -- model size from a checkpoint name (GD112 and others) -------------------------------------

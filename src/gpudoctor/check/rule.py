@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, ClassVar, Iterable, Optional
 
 from gpudoctor.check.finding import Fix, Severity
 
@@ -66,7 +66,3 @@ class Rule:
 
 def registered() -> dict[str, type[Rule]]:
     return _REGISTRY
-
-
-def iter_rules() -> Iterator[type[Rule]]:
-    return iter(sorted(_REGISTRY.values(), key=lambda r: r.code))

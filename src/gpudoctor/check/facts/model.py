@@ -108,18 +108,12 @@ class FileFacts:
         out.sort(key=lambda c: c.order)
         return out
 
-    def calls_matching(self, predicate) -> Iterator[CallSite]:
-        return (c for c in self.calls if c.qualname and predicate(c.qualname))
-
     def method_calls(self, *methods: str) -> Iterator[CallSite]:
         wanted = set(methods)
         return (c for c in self.calls if c.method in wanted)
 
     def call_site(self, node: cst.Call) -> Optional[CallSite]:
         return self._call_by_node.get(id(node))
-
-    def references(self, predicate) -> bool:
-        return any(predicate(apis.canonical(q)) for q in self.imports.values())
 
     def imported_names(self) -> set[str]:
         return {apis.canonical(q) for q in self.imports.values()}
@@ -158,14 +152,6 @@ class FileFacts:
     def says_memory_is_short(self) -> Optional[str]:
         match = _MEMORY_SHORT_HINT.search(self.source)
         return match.group(0) if match else None
-
-    def accelerators(self) -> list[tuple[str, Binding]]:
-        """Names bound to ``Accelerator(...)`` anywhere in the file, in source order."""
-        found = []
-        for site in self.calls_to(*apis.ACCELERATOR):
-            for binding in self._bindings_of_value(site.node):
-                found.append((binding.key, binding))
-        return found
 
     def prepare_calls(self) -> list[CallSite]:
         """``<accelerator>.prepare(...)`` calls whose receiver evaluates to an Accelerator."""
@@ -277,12 +263,6 @@ class FileFacts:
         if isinstance(node, cst.Call) and self.qualname(node.func) in apis.INFER_DEVICE_MAP:
             return DeviceMap("auto", node=node, label="infer_auto_device_map(...)")
         return DeviceMap("unknown", node=node)
-
-    def enclosing_function(self, site_context: tuple) -> Optional[Scope]:
-        for frame in reversed(site_context):
-            if isinstance(frame, FunctionFrame):
-                return frame.scope
-        return None
 
     def under_no_grad(self, context: tuple) -> bool:
         for frame in context:
@@ -529,5 +509,3 @@ def _device_literal(node: cst.CSTNode) -> Optional[str]:
     if number is not None:
         return str(number)
     return None
-
-

@@ -80,17 +80,6 @@ class CallSite:
     def arg(self, position: Optional[int] = None, keyword: Optional[str] = None) -> Optional[cst.BaseExpression]:
         return call_arg(self.node, position, keyword)
 
-    def kwarg_names(self) -> set[str]:
-        return {a.keyword.value for a in self.node.args if a.keyword is not None}
-
-    @property
-    def loops(self) -> list[LoopFrame]:
-        return [f for f in self.context if isinstance(f, LoopFrame)]
-
-    @property
-    def withs(self) -> list[WithFrame]:
-        return [f for f in self.context if isinstance(f, WithFrame)]
-
 
 @dataclass(eq=False, repr=False)
 class AugAssignSite:
@@ -133,5 +122,3 @@ class DictEntrySite:
     scope: Scope
     context: tuple
     dict_node: Optional[cst.Dict] = None  # the display the entry belongs to
-
-

@@ -9,7 +9,7 @@ from typing import Iterable, Optional
 import libcst as cst
 
 from gpudoctor.check import apis
-from gpudoctor.check.facts import CallSite, FileFacts, FunctionFrame, IfFrame, LoopFrame, Scope, name_key
+from gpudoctor.check.facts import CallSite, FileFacts, FunctionFrame, IfFrame, LoopFrame, Scope
 
 _OPTIMIZER_NAME = re.compile(r"(^|[._])(opt|optim|optimizer|optimiser)s?(_\w+)?$|optimizer", re.IGNORECASE)
 _SCHEDULER_NAME = re.compile(r"sched", re.IGNORECASE)
@@ -106,10 +106,6 @@ def _receiver_text(node: cst.CSTNode) -> Optional[str]:
         head = _receiver_text(node.value)
         return f"{head}.{node.attr.value}" if head else node.attr.value
     return None
-
-
-def receiver_key(site: CallSite) -> Optional[str]:
-    return name_key(site.receiver) if site.receiver is not None else None
 
 
 def is_backward(facts: FileFacts, site: CallSite) -> bool:

@@ -34,7 +34,7 @@ class ClipScaledGradients(Rule):
             key, backward = scaled
             if self._unscaled_before(facts, clip, loop, key):
                 continue
-            scaler_site, enabled = scalers[key]
+            _, enabled = scalers[key]
             if enabled is not None and getattr(enabled, "value", None) == "False":
                 continue
             severity = Severity.ERROR
