@@ -139,14 +139,6 @@ def is_dispatched(model: nn.Module) -> bool:
     return bool(getattr(model, "hf_device_map", None)) or any(_hooks(m) for m in model.modules())
 
 
-def _hf_device_map(model: nn.Module) -> dict | None:
-    for m in model.modules():
-        dm = getattr(m, "hf_device_map", None)
-        if dm:
-            return dm
-    return None
-
-
 # ---------------------------------------------------------------------------------------------
 # re-running the failing module under the device check
 # ---------------------------------------------------------------------------------------------

@@ -19,10 +19,9 @@ and never changes what the user's program does.
 from __future__ import annotations
 
 import threading
-import time
 import traceback
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -33,10 +32,6 @@ from gpudoctor.trace.devicecheck import DeviceCheckMode
 _ORIGINAL_CALL = nn.Module.__call__
 _ACTIVE: "Probe | None" = None
 _install_lock = threading.Lock()
-
-
-def active_probe() -> "Probe | None":
-    return _ACTIVE
 
 
 @dataclass
@@ -56,8 +51,6 @@ class Snapshot:
     grad_enabled: bool
     training: bool
     optimizer: object = None
-    backward_path: str | None = None
-    when: float = field(default_factory=time.time)
 
 
 def _tensors(value, depth: int = 0):
@@ -217,9 +210,6 @@ class Probe:
         # a root wrapped later by another root (PeftModel around the base) is reported once, as part of it
         inner = {id(sub) for m in alive for sub in list(m.modules())[1:]}
         return [m for m in alive if id(m) not in inner]
-
-    def path_of(self, module: nn.Module) -> str:
-        return self.names.get(id(module), type(module).__name__)
 
     def current_path(self) -> str | None:
         if self.stack:
