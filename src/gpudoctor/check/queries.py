@@ -8,7 +8,7 @@ from typing import Iterator, Optional
 import libcst as cst
 
 from gpudoctor.check import apis
-from gpudoctor.check.facts import CallSite, FileFacts, Scope, call_arg, name_key, string_value
+from gpudoctor.check.facts import CallSite, FileFacts, Scope, Value, call_arg, name_key, string_value
 from gpudoctor.check.finding import Severity
 
 
@@ -245,3 +245,27 @@ def stated_gpus(source: str, model_names: bool = False) -> Optional[tuple[int, f
     if named:
         return 1, float(_GPU_MEMORY_GB[named.group(1)]), named.group(0).strip()
     return None
+
+
+_DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
+
+
+def weight_bytes(facts: FileFacts, call: cst.Call, value: Optional[Value] = None) -> tuple[int, str]:
+    """Bytes per weight of the model ``call`` loads (a ``.half()``-style cast on ``value`` first, then
+    ``dtype=``, then the installed transformers' default), and a note saying which applied."""
+    from gpudoctor.check import versions
+    from gpudoctor.check.facts import TRAIT_CAST
+
+    cast = value.trait(TRAIT_CAST) if value is not None else None
+    if cast and cast[0] in _DTYPE_BYTES:
+        return _DTYPE_BYTES[cast[0]], f"`{cast[0]}` weights"
+    dtype = call_arg(call, keyword="dtype") or call_arg(call, keyword="torch_dtype")
+    if dtype is not None:
+        q = facts.qualname(dtype) or ""
+        name = q.split(".")[-1] if q.startswith("torch.") else string_value(dtype) or ""
+        if name in _DTYPE_BYTES:
+            return _DTYPE_BYTES[name], f"`{name}` weights"
+    version = versions.major_minor(versions.assumed("transformers")[0]) or (5, 0)
+    if version >= (5, 0):
+        return 2, f"{versions.describe('transformers')} loads the checkpoint's dtype (`dtype=\"auto\"`); 16-bit assumed"
+    return 4, f"{versions.describe('transformers')} loads float32 unless `dtype=` is given"

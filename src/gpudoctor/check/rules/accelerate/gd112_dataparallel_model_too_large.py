@@ -1,15 +1,14 @@
 from __future__ import annotations
 
-from gpudoctor.check import apis, versions
+from gpudoctor.check import apis
 from gpudoctor.check.facts import TRAIT_DISPATCHED, TRAIT_PEFT, TRAIT_QUANTIZED, FileFacts, call_arg
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import _parameters_owner, checkpoint_name, params_from_name, snippet, stated_gpus
+from gpudoctor.check.queries import _parameters_owner, checkpoint_name, params_from_name, snippet, stated_gpus, weight_bytes
 from gpudoctor.check.rule import Rule
 
 _GIB = 1024**3
 # Without hardware named in the file: more than any common single GPU (80 GB) holds.
 _THRESHOLD_GIB = 80
-_DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 
 
 class DataParallelModelTooLarge(Rule):
@@ -46,10 +45,10 @@ class DataParallelModelTooLarge(Rule):
             optimizer = self._full_optimizer(facts, value)
             if optimizer is None:
                 continue
-            weight_bytes, dtype_note = self._weight_bytes(facts, origin.node)
+            bytes_per_weight, dtype_note = weight_bytes(facts, origin.node, value)
             opt_name = optimizer.qualname.split(".")[-1]
-            state = 2 * weight_bytes if opt_name in ("Adam", "AdamW") else 0
-            per_param = 2 * weight_bytes + state
+            state = 2 * bytes_per_weight if opt_name in ("Adam", "AdamW") else 0
+            per_param = 2 * bytes_per_weight + state
             total = params * per_param / _GIB
             stated = stated_gpus(facts.source, model_names=True)
             if stated is not None:
@@ -67,7 +66,7 @@ class DataParallelModelTooLarge(Rule):
                 f"`{snippet(facts, site.node)}` wraps a full fine-tune of `{name}` (~{params / 1e9:g}B parameters from "
                 f"its name). DataParallel keeps weights, gradients and `{opt_name}` state on `device_ids[0]`: "
                 f"~{per_param} B/param ({dtype_note}) = ~{total:.0f} GiB on GPU 0 before activations, and it copies the "
-                f"~{params * weight_bytes / _GIB:.0f} GiB of weights to every other GPU on each forward; more GPUs add no "
+                f"~{params * bytes_per_weight / _GIB:.0f} GiB of weights to every other GPU on each forward; more GPUs add no "
                 f"memory, so this runs out of memory on GPU 0 unless it alone holds all of it.{hardware}",
                 fix_hint="Split the model instead of replicating it: LoRA (peft) on a single GPU or `device_map=\"auto\"` "
                 "in one process, or shard it with FSDP/DeepSpeed ZeRO via `accelerate launch`.",
@@ -88,19 +87,3 @@ class DataParallelModelTooLarge(Rule):
             if owned.origin().node is dp_value.origin().node:
                 return site
         return None
-
-    @staticmethod
-    def _weight_bytes(facts: FileFacts, call) -> tuple[int, str]:
-        dtype = call_arg(call, keyword="dtype") or call_arg(call, keyword="torch_dtype")
-        if dtype is not None:
-            q = facts.qualname(dtype) or ""
-            name = q.split(".")[-1]
-            if q.startswith("torch.") and name in _DTYPE_BYTES:
-                return _DTYPE_BYTES[name], f"`{name}` weights"
-        version = versions.major_minor(versions.assumed("transformers")[0]) or (5, 0)
-        if version >= (5, 0):
-            return 2, (
-                f"{versions.describe('transformers')} loads the checkpoint's dtype by default; 16-bit assumed, "
-                "twice that in float32"
-            )
-        return 4, f"{versions.describe('transformers')} loads float32 by default"

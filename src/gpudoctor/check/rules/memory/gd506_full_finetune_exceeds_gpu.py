@@ -5,15 +5,14 @@ from typing import Optional
 
 import libcst as cst
 
-from gpudoctor.check import apis, versions
-from gpudoctor.check.facts import TRAIT_CAST, TRAIT_PEFT, TRAIT_QUANTIZED, FileFacts, call_arg, string_value
+from gpudoctor.check import apis
+from gpudoctor.check.facts import TRAIT_PEFT, TRAIT_QUANTIZED, FileFacts
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import checkpoint_name, params_from_name, stated_gpus, trained_models
+from gpudoctor.check.queries import checkpoint_name, params_from_name, stated_gpus, trained_models, weight_bytes
 from gpudoctor.check.rule import Rule
 
 _GB = 1e9
 _GIB = 1024**3
-_DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 _SHARDED = re.compile(r"(?i:deepspeed|\bfsdp|FullyShardedDataParallel|zero_stage|zero[_-]?3|offload_optimizer)|\bZeRO\b")
 _CHEAP_OPTIMIZERS = re.compile(r"8bit|paged|adafactor|sgd|lion|galore|lomo", re.IGNORECASE)
 
@@ -58,8 +57,8 @@ class FullFinetuneExceedsGpu(Rule):
             params = params_from_name(name)
             if params is None:
                 continue
-            weight_bytes, dtype_note = self._weight_bytes(facts, origin.node, value)
-            per_param = 4 * weight_bytes
+            bytes_per_weight, dtype_note = weight_bytes(facts, origin.node, value)
+            per_param = 4 * bytes_per_weight
             need = params * per_param / _GB
             if need <= capacity:
                 continue
@@ -71,7 +70,7 @@ class FullFinetuneExceedsGpu(Rule):
             yield self.report(
                 site.node,
                 f"Full fine-tuning of `{name}` (~{params / 1e9:g}B parameters by its name) with {optimizer} via {how}: "
-                f"weights + gradients + Adam's two moments = 4 x {weight_bytes} B/param ({dtype_note}) = "
+                f"weights + gradients + Adam's two moments = 4 x {bytes_per_weight} B/param ({dtype_note}) = "
                 f"~{need:.0f} GB before any activation, but the file states \"{said}\": {bound}. This runs out of "
                 "memory.",
                 fix_hint="Train adapters instead (peft LoRA, QLoRA with 4-bit weights), use an 8-bit/paged optimizer, "
@@ -96,19 +95,3 @@ class FullFinetuneExceedsGpu(Rule):
                 return None
             return "AdamW (the Trainer default)"
         return None
-
-    @staticmethod
-    def _weight_bytes(facts: FileFacts, call: cst.Call, value) -> tuple[int, str]:
-        cast = value.trait(TRAIT_CAST)
-        if cast and cast[0] in _DTYPE_BYTES:
-            return _DTYPE_BYTES[cast[0]], f"`{cast[0]}` weights"
-        dtype = call_arg(call, keyword="dtype") or call_arg(call, keyword="torch_dtype")
-        if dtype is not None:
-            q = facts.qualname(dtype) or ""
-            name = q.split(".")[-1] if q.startswith("torch.") else string_value(dtype) or ""
-            if name in _DTYPE_BYTES:
-                return _DTYPE_BYTES[name], f"`{name}` weights"
-        version = versions.major_minor(versions.assumed("transformers")[0]) or (5, 0)
-        if version >= (5, 0):
-            return 2, f"{versions.describe('transformers')} loads the checkpoint's dtype (`dtype=\"auto\"`); 16-bit assumed"
-        return 4, f"{versions.describe('transformers')} loads float32 unless `dtype=` is given"
