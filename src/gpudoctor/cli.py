@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--ignore", type=_comma_list, default=[], help="rule codes or prefixes to disable")
     check.add_argument("--exclude", type=_comma_list, default=[], help="extra glob patterns to skip")
     check.add_argument("--preview", action="store_true", help="enable preview (heuristic) rules")
+    check.add_argument("--gpus", help="the GPUs the script runs on, e.g. 2xT4, 6x8GB, 24GB (default: [tool.gpudoctor] gpus, else the local GPUs)")
     check.add_argument("--output-format", choices=OUTPUT_FORMATS, default=os.environ.get("GPUDOCTOR_OUTPUT_FORMAT", "text"))
     check.add_argument("-o", "--output-file", help="write the report to this file")
     check.add_argument("--statistics", action="store_true", help="count findings per rule")

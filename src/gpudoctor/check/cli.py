@@ -26,7 +26,26 @@ def load_config(args) -> Config:
     config.preview = config.preview or args.preview
     config.force_exclude = config.force_exclude or args.force_exclude
     versions.set_targets(config.target_versions)
+    _assume_hardware(config, getattr(args, "gpus", None))
     return config
+
+
+def _assume_hardware(config: Config, option) -> None:
+    """--gpus, else [tool.gpudoctor] gpus, else the local GPUs (NVML), else unknown (None)."""
+    from gpudoctor import hardware
+
+    try:
+        if option:
+            config.gpus = option
+            gpus = hardware.parse_gpus(option, f"--gpus {option}")
+        elif config.gpus:
+            gpus = hardware.parse_gpus(config.gpus, "[tool.gpudoctor] gpus")
+        else:
+            gpus = hardware.local_gpus()
+            config.gpus = gpus.spec if gpus else None  # part of the cache key: another machine, another result
+    except hardware.HardwareError as error:
+        raise ConfigError(f"--gpus: {error}") from error
+    hardware.set_assumed(gpus)
 
 
 def run_check(args) -> int:

@@ -21,7 +21,7 @@ class ConfigError(Exception):
 
 _KNOWN_KEYS = {
     "select", "ignore", "extend-select", "per-file-ignores", "exclude", "extend-exclude", "preview",
-    "target-versions", "force-exclude",
+    "target-versions", "force-exclude", "gpus",
 }
 
 
@@ -34,6 +34,7 @@ class Config:
     preview: bool = False
     target_versions: dict[str, str] = field(default_factory=dict)
     force_exclude: bool = False
+    gpus: Optional[str] = None  # "2xT4", "6x8GB": the hardware GD112/GD506 assume (gpudoctor.hardware)
     root: Path = field(default_factory=Path.cwd)
     source: Optional[Path] = None  # the pyproject.toml read, if any
 
@@ -74,6 +75,7 @@ class Config:
             preview=bool(table.get("preview", False)),
             target_versions={str(k): str(v) for k, v in table.get("target-versions", {}).items()},
             force_exclude=bool(table.get("force-exclude", False)),
+            gpus=_gpus(table.get("gpus"), source),
             root=root,
             source=source,
         )
@@ -111,7 +113,7 @@ class Config:
         return [r for r in rules if not any(r.code.startswith(c.upper()) for c in ignored)]
 
     def cache_key(self) -> str:
-        return repr((self.select, sorted(self.ignore), sorted(self.per_file_ignores.items()), self.preview, sorted(self.target_versions.items())))
+        return repr((self.select, sorted(self.ignore), sorted(self.per_file_ignores.items()), self.preview, sorted(self.target_versions.items()), self.gpus))
 
 
 def _read_table(path: Path) -> Optional[dict]:
@@ -121,6 +123,20 @@ def _read_table(path: Path) -> Optional[dict]:
         raise ConfigError(f"{path}: cannot read configuration: {error}") from error
     tool = data.get("tool", {})
     return tool.get("gpudoctor") if isinstance(tool, dict) else None
+
+
+def _gpus(value, source) -> Optional[str]:
+    from gpudoctor.hardware import HardwareError, parse_gpus
+
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"{source}: [tool.gpudoctor] gpus must be a string such as \"2xT4\" or \"6x8GB\"")
+    try:
+        parse_gpus(value)
+    except HardwareError as error:
+        raise ConfigError(f"{source}: [tool.gpudoctor] gpus: {error}") from error
+    return value
 
 
 def _str_list(value, key: str, source) -> list[str]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
+from gpudoctor import hardware
 from gpudoctor.check.config import Config
 from gpudoctor.check.finding import Finding, Fix
 from gpudoctor.check.registry import select_rules
@@ -363,7 +364,7 @@ def _run_parallel(todo: list[tuple[int, Path]], config: Config, jobs: int, bar):
     chunks = [todo[i : i + size] for i in range(0, len(todo), size)]
     done: set[int] = set()
     try:
-        with ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker, initargs=(config.target_versions,)) as pool:
+        with ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker, initargs=(config.target_versions, hardware.assumed())) as pool:
             # Submit everything before the progress bar's thread starts: the workers are forked then.
             futures = {pool.submit(_check_chunk, [p for _, p in chunk], config): chunk for chunk in chunks}
             if bar:
@@ -385,10 +386,11 @@ def _run_parallel(todo: list[tuple[int, Path]], config: Config, jobs: int, bar):
                     bar.advance(1)
 
 
-def _init_worker(target_versions: dict[str, str]) -> None:
+def _init_worker(target_versions: dict[str, str], gpus) -> None:
     from gpudoctor.check import versions
 
     versions.set_targets(target_versions)
+    hardware.set_assumed(gpus)
 
 
 def _check_chunk(paths: list[Path], config: Config) -> list[tuple[FileResult, Optional[str]]]:

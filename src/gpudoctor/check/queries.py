@@ -7,6 +7,7 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
+from gpudoctor import hardware
 from gpudoctor.check import apis
 from gpudoctor.check.facts import CallSite, FileFacts, Scope, Value, call_arg, name_key, string_value
 from gpudoctor.check.finding import Severity
@@ -209,10 +210,7 @@ _OOM_CAPACITY = re.compile(r"GPU \d+ has a total capac\w* of (\d+(?:\.\d+)?) GiB
 # "8 GB each", "24GB per GPU"
 _SIZE_EACH = re.compile(r"\b(\d{1,3}(?:\.\d+)?)\s*(GB|GiB)\b[^\n]{0,20}?\b(?:each|per (?:GPU|card))\b", re.IGNORECASE)
 # GPU models -> memory in GB (the smallest common variant), for files that only name their hardware.
-_GPU_MEMORY_GB = {
-    "T4": 16, "P100": 16, "V100": 16, "K80": 12, "A10G": 24, "A10": 24, "L4": 24, "A100": 40, "H100": 80,
-    "3060": 12, "3070": 8, "3080": 10, "3090": 24, "4060": 8, "4070": 12, "4080": 16, "4090": 24, "2080": 8, "1080": 8,
-}
+_GPU_MEMORY_GB = hardware.nominal_gb_by_family()
 _GPU_NAME = re.compile(
     r"\b(?:RTX\s*|GTX\s*|Tesla\s*|NVIDIA\s*)?(" + "|".join(sorted(_GPU_MEMORY_GB, key=len, reverse=True)) + r")(?:\s*Ti)?\b"
 )

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from gpudoctor import hardware
 from gpudoctor.check import apis
 from gpudoctor.check.facts import TRAIT_DISPATCHED, TRAIT_PEFT, TRAIT_QUANTIZED, FileFacts, call_arg
 from gpudoctor.check.finding import Severity
@@ -7,8 +8,6 @@ from gpudoctor.check.queries import _parameters_owner, checkpoint_name, params_f
 from gpudoctor.check.rule import Rule
 
 _GIB = 1024**3
-# Without hardware named in the file: more than any common single GPU (80 GB) holds.
-_THRESHOLD_GIB = 80
 
 
 class DataParallelModelTooLarge(Rule):
@@ -50,24 +49,27 @@ class DataParallelModelTooLarge(Rule):
             state = 2 * bytes_per_weight if opt_name in ("Adam", "AdamW") else 0
             per_param = 2 * bytes_per_weight + state
             total = params * per_param / _GIB
-            stated = stated_gpus(facts.source, model_names=True)
-            if stated is not None:
-                per_gpu_gib = stated[1] * 1e9 / _GIB
-                if total <= per_gpu_gib:
+            gpus = hardware.for_file(stated_gpus(facts.source, model_names=True))
+            if gpus is not None:
+                if total <= gpus.gib_each:
                     continue
                 severity = Severity.ERROR
-                hardware = f" The file states \"{stated[2]}\" (~{per_gpu_gib:.0f} GiB per GPU)."
-            elif total > _THRESHOLD_GIB:
-                severity, hardware = Severity.WARNING, ""
+                said = f" The GPUs are {gpus.describe()} (~{gpus.gib_each:.0f} GiB each)."
+            elif total * _GIB > hardware.LARGEST_COMMON_GB * hardware.GB:
+                severity = Severity.WARNING
+                said = (
+                    f" The hardware is unknown (give `--gpus`); this exceeds {hardware.LARGEST_COMMON_GB} GB, the largest "
+                    "common card (RTX 3090/4090, A10G, L4)."
+                )
             else:
-                continue  # might fit one large GPU: the file does not say which
+                continue  # fits a common card: the hardware is unknown
             yield self.report(
                 site.node,
                 f"`{snippet(facts, site.node)}` wraps a full fine-tune of `{name}` (~{params / 1e9:g}B parameters from "
                 f"its name). DataParallel keeps weights, gradients and `{opt_name}` state on `device_ids[0]`: "
                 f"~{per_param} B/param ({dtype_note}) = ~{total:.0f} GiB on GPU 0 before activations, and it copies the "
                 f"~{params * bytes_per_weight / _GIB:.0f} GiB of weights to every other GPU on each forward; more GPUs add no "
-                f"memory, so this runs out of memory on GPU 0 unless it alone holds all of it.{hardware}",
+                f"memory, so this runs out of memory on GPU 0 unless it alone holds all of it.{said}",
                 fix_hint="Split the model instead of replicating it: LoRA (peft) on a single GPU or `device_map=\"auto\"` "
                 "in one process, or shard it with FSDP/DeepSpeed ZeRO via `accelerate launch`.",
                 severity=severity,

@@ -5,8 +5,9 @@ from typing import Optional
 
 import libcst as cst
 
+from gpudoctor import hardware
 from gpudoctor.check import apis
-from gpudoctor.check.facts import TRAIT_PEFT, TRAIT_QUANTIZED, FileFacts
+from gpudoctor.check.facts import TRAIT_DISPATCHED, TRAIT_PEFT, TRAIT_QUANTIZED, FileFacts
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import checkpoint_name, params_from_name, stated_gpus, trained_models, weight_bytes
 from gpudoctor.check.rule import Rule
@@ -19,7 +20,8 @@ _CHEAP_OPTIMIZERS = re.compile(r"8bit|paged|adafactor|sgd|lion|galore|lomo", re.
 
 class FullFinetuneExceedsGpu(Rule):
     """Full fine-tuning with Adam of a model whose checkpoint name gives its size (``Llama-2-7b``) on
-    hardware the file states (``6x RTX 3070 Ti (8 GB)``), when weights + gradients + the two Adam
+    the hardware given by ``--gpus``/``[tool.gpudoctor] gpus``, stated in the file (``6x RTX 3070 Ti
+    (8 GB)``) or read from the local GPUs (else the largest common card, 24 GB), when weights + gradients + the two Adam
     moments alone (4 x the weight size: 16 B/param in float32, 8 B/param in 16-bit) exceed the memory
     that can hold them. Activations come on top, so the estimate is a lower bound."""
 
@@ -33,12 +35,8 @@ class FullFinetuneExceedsGpu(Rule):
     def check(self, facts: FileFacts):
         if "requires_grad" in facts.source or any(c.qualname in apis.DATA_PARALLEL for c in facts.calls):
             return  # frozen parts (unknown trained size), or DataParallel (GD112 speaks)
-        hardware = stated_gpus(facts.source)
-        if hardware is None:
-            return
-        count, per_gpu, said = hardware
-        sharded = _SHARDED.search(facts.source)
-        capacity = per_gpu * count if sharded else per_gpu
+        gpus = hardware.for_file(stated_gpus(facts.source))
+        sharded_in_file = bool(_SHARDED.search(facts.source))
         seen = set()
         for model, site, how in trained_models(facts):
             if site.qualname in apis.GET_PEFT_MODEL:
@@ -49,6 +47,15 @@ class FullFinetuneExceedsGpu(Rule):
             origin = value.origin()
             if not origin.trait("class") or not isinstance(origin.node, cst.Call) or id(origin.node) in seen:
                 continue
+            # ZeRO/FSDP, or a device map spreading the layers: all GPUs together hold the model.
+            sharded = sharded_in_file or value.has(TRAIT_DISPATCHED)
+            if gpus is None and sharded:
+                continue  # spread over an unknown number of GPUs: nothing to compare with
+            if gpus is not None:
+                count, per_gpu = gpus.count, gpus.gb_each
+                capacity = per_gpu * count if sharded else per_gpu
+            else:
+                capacity = hardware.LARGEST_COMMON_GB
             optimizer = self._adam(facts, site)
             if optimizer is None:
                 continue
@@ -63,16 +70,23 @@ class FullFinetuneExceedsGpu(Rule):
             if need <= capacity:
                 continue
             seen.add(id(origin.node))
-            bound = (
-                f"{count} x {per_gpu:.0f} GB = {capacity:.0f} GB in all (sharded)" if sharded
-                else f"{per_gpu:.0f} GB per GPU (nothing shards the model, so each GPU holds all of it)"
-            )
+            if gpus is None:
+                against = (
+                    f"more than {capacity} GB, the largest common card (RTX 3090/4090, A10G, L4), and the hardware "
+                    "is unknown (no `--gpus`, no `[tool.gpudoctor] gpus`, no local GPU, none named in the file). "
+                    + ("Only a 40/80 GB data-centre GPU can hold it unsharded" if need <= 80 else "No single GPU holds it")
+                )
+            else:
+                bound = (
+                    f"{count} x {per_gpu:.0f} GB = {capacity:.0f} GB in all (sharded)" if sharded
+                    else f"{per_gpu:.0f} GB per GPU (nothing shards the model, so each GPU holds all of it)"
+                )
+                against = f"but the GPUs are {gpus.describe()}: {bound}. This runs out of memory"
             yield self.report(
                 site.node,
                 f"Full fine-tuning of `{name}` (~{params / 1e9:g}B parameters by its name) with {optimizer} via {how}: "
                 f"weights + gradients + Adam's two moments = 4 x {bytes_per_weight} B/param ({dtype_note}) = "
-                f"~{need:.0f} GB before any activation, but the file states \"{said}\": {bound}. This runs out of "
-                "memory.",
+                f"~{need:.0f} GB before any activation, {against}.",
                 fix_hint="Train adapters instead (peft LoRA, QLoRA with 4-bit weights), use an 8-bit/paged optimizer, "
                 "or shard weights, gradients and optimizer state over the GPUs (DeepSpeed ZeRO-3 / FSDP, with CPU offload "
                 "when even that is short).",
