@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from gpudoctor import __version__
-from gpudoctor.check.finding import Applicability, Finding, Fix, Severity
+from gpudoctor.check.finding import Applicability, Finding, Fix, Related, Severity
 
 if TYPE_CHECKING:
     from gpudoctor.check.config import Config
@@ -96,6 +96,7 @@ def finding_to_data(finding: Finding) -> dict:
         "fix": [finding.fix.description, finding.fix.applicability.value] if finding.fix else None,
         "cell": finding.cell,
         "source_line": finding.source_line,
+        "related": [r.to_dict() for r in finding.related],
     }
 
 
@@ -115,6 +116,7 @@ def finding_from_data(data: dict, path: str) -> Finding:
         fix=Fix(fix[0], Applicability(fix[1]), ()) if fix else None,
         cell=data.get("cell"),
         source_line=data.get("source_line", ""),
+        related=[Related(**r) for r in data.get("related", ())],
     )
 
 

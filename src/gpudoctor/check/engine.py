@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 from gpudoctor import hardware
 from gpudoctor.check.config import Config
-from gpudoctor.check.finding import Finding, Fix
+from gpudoctor.check.finding import Finding, Fix, Related
 from gpudoctor.check.registry import select_rules
 from gpudoctor.check.rule import Rule
 
@@ -142,10 +142,17 @@ def suppressed_codes(line: str) -> Optional[set[str]]:
 
 
 def is_suppressed(finding: Finding, lines: Sequence[str]) -> bool:
+    """A ``noqa`` on the finding's first or last line; on a related line only when it names the code
+    (``# noqa: GD413``): a bare ``# noqa`` there would silence every chain that line takes part in."""
     for number in {finding.line, finding.end_line}:
         if 1 <= number <= len(lines):
             codes = suppressed_codes(lines[number - 1])
             if codes is not None and (not codes or finding.code in codes):
+                return True
+    for related in finding.related:
+        if 1 <= related.line <= len(lines):
+            codes = suppressed_codes(lines[related.line - 1])
+            if codes and finding.code in codes:
                 return True
     return False
 
@@ -179,7 +186,9 @@ def check_source(
         return []
     # Positions only for files that have something to say, and only of the reported nodes: rendering
     # the module to count lines is the expensive part of libcst (see check/positions.py).
-    positions = node_positions(module, (report.node for _, report in reports))
+    positions = node_positions(
+        module, [node for _, report in reports for node in (report.node, *(n for n, _ in report.related))]
+    )
     lines = source.splitlines()
     findings: list[Finding] = []
     seen = set()
@@ -204,6 +213,7 @@ def check_source(
             fix_hint=report.fix_hint,
             fix=report.fix,
             source_line=lines[span.start.line - 1] if span.start.line <= len(lines) else "",
+            related=_related(report.related, positions, lines, span.start.line),
             node=report.node,
         )
         if not with_suppressed and is_suppressed(finding, lines):
@@ -211,6 +221,28 @@ def check_source(
         findings.append(finding)
     findings.sort(key=Finding.sort_key)
     return findings
+
+
+def _related(chain, positions, lines: Sequence[str], own_line: int) -> list[Related]:
+    """Positioned related locations, one per line, without the finding's own line."""
+    out: list[Related] = []
+    seen = {own_line}
+    for node, message in chain:
+        span = positions.get(node)
+        if span is None or span.start.line in seen:
+            continue
+        seen.add(span.start.line)
+        out.append(
+            Related(
+                message,
+                span.start.line,
+                span.start.column + 1,
+                span.end.line,
+                span.end.column + 1,
+                source_line=lines[span.start.line - 1] if span.start.line <= len(lines) else "",
+            )
+        )
+    return out
 
 
 def syntax_error_message(path: str, error: cst.ParserSyntaxError, source: str = "") -> str:

@@ -50,6 +50,31 @@ class Fix:
 
 
 @dataclass
+class Related:
+    """Another line that takes part in a finding (where the object was built, wrapped, prepared ...):
+    often the line where the user fixes it. Same file as the finding; notebooks name its cell."""
+
+    message: str  # what this line does in the chain: "the adapters are added here"
+    line: int = 0
+    column: int = 0
+    end_line: int = 0
+    end_column: int = 0
+    cell: Optional[int] = None
+    source_line: str = ""
+
+    def to_dict(self) -> dict:
+        return {
+            "cell": self.cell,
+            "line": self.line,
+            "column": self.column,
+            "end_line": self.end_line,
+            "end_column": self.end_column,
+            "message": self.message,
+            "source_line": self.source_line,
+        }
+
+
+@dataclass
 class Finding:
     code: str
     name: str
@@ -65,7 +90,14 @@ class Finding:
     # Notebook findings point to a cell; line/column are then relative to that cell.
     cell: Optional[int] = None
     source_line: str = ""
+    related: list[Related] = field(default_factory=list)
     node: Optional[cst.CSTNode] = field(default=None, repr=False, compare=False)
+
+    def location(self, where: Optional[Related] = None) -> str:
+        """``path[cell N]:line:col`` of the finding, or of ``where`` (one of its related locations)."""
+        at = where or self
+        cell = f"[cell {at.cell}]" if at.cell is not None else ""
+        return f"{self.path}{cell}:{at.line}:{at.column}"
 
     def sort_key(self) -> tuple:
         return (self.path, self.cell or 0, self.line, self.column, self.code)
@@ -93,4 +125,5 @@ class Finding:
             ),
             "fix_hint": self.fix_hint,
             "source_line": self.source_line,
+            "related": [r.to_dict() for r in self.related],
         }

@@ -215,6 +215,13 @@ def map_finding(finding: "Finding", source: NotebookSource) -> "Finding":
     finding.line = line
     finding.end_line = max(end_line, line)
     finding.source_line = cell.lines[line - 1].rstrip("\r\n")
+    for related in finding.related:
+        where = source.locate(related.line)
+        if where is not None:
+            related_cell, related_line = where
+            related.end_line = max(min(related.end_line, related_cell.end) - related_cell.start + 1, related_line)
+            related.cell, related.line = related_cell.number, related_line
+            related.source_line = related_cell.lines[related_line - 1].rstrip("\r\n")
     return finding
 
 

@@ -26,6 +26,8 @@ class Report:
     fix_hint: str = ""
     severity: Optional[Severity] = None
     fix: Optional[Fix] = None
+    # Other lines of the evidence chain, (node, what it does there), in the order a reader follows them.
+    related: tuple[tuple[cst.CSTNode, str], ...] = ()
 
 
 class Rule:

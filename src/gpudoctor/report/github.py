@@ -35,6 +35,8 @@ def annotation(finding: Finding) -> str:
         if finding.end_line:
             properties += [("endLine", str(finding.end_line)), ("endColumn", str(finding.end_column))]
     properties.append(("title", f"{finding.code} {finding.name}"))
+    for related in finding.related:
+        message = f"{message}\nNote: {finding.location(related)}: {related.message}"
     if finding.fix_hint:
         message = f"{message}\nFix: {finding.fix_hint}"
     props = ",".join(f"{key}={escape_property(value)}" for key, value in properties)

@@ -32,11 +32,6 @@ def _classname(path: str) -> str:
     return ".".join(p for p in name.split("/") if p not in ("", ".")) or path
 
 
-def _location(finding: Finding) -> str:
-    cell = f"[cell {finding.cell}]" if finding.cell is not None else ""
-    return f"{finding.path}{cell}:{finding.line}:{finding.column}"
-
-
 def _error_path(error: str) -> str:
     match = re.match(r"^(.*?)(?:\[cell \d+\])?:(?:\d+:\d+:|\s)", error)
     return match.group(1) if match else error.split(":", 1)[0]
@@ -60,7 +55,7 @@ def render(findings: Sequence[Finding], errors: Sequence[str], files: Iterable[s
         case = ET.SubElement(suite, "testcase", name=_clean(path), classname=_clean(_classname(path)), file=_clean(path), time="0")
         notes = []
         for finding in by_file[path]:
-            summary = f"{_location(finding)}: {finding.code} {finding.name}: {finding.message}"
+            summary = f"{finding.location()}: {finding.code} {finding.name}: {finding.message}"
             if not finding.severity.fails:
                 notes.append(summary)
                 continue
@@ -71,6 +66,7 @@ def render(findings: Sequence[Finding], errors: Sequence[str], files: Iterable[s
             body = [summary]
             if finding.source_line:
                 body.append(f"    {finding.source_line}")
+            body += [f"note: {finding.location(related)}: {related.message}" for related in finding.related]
             if finding.fix_hint:
                 body.append(f"fix: {finding.fix_hint}")
             failure.text = _clean("\n".join(body))

@@ -3,7 +3,8 @@
 One run; ``tool.driver.rules`` lists the rules the results reference (id, name, short and full
 description from the rule doc, help text and ``helpUri``); each result has ``ruleId``/``ruleIndex``,
 ``level`` (error / warning / note), the message and a physical location (relative URI + 1-based region,
-``endColumn`` exclusive as SARIF wants). Notebook findings name their cell in the message and in
+``endColumn`` exclusive as SARIF wants) and ``relatedLocations`` for the other lines of the evidence
+chain (each with ``id``, a message and a region). Notebook findings name their cell in the message and in
 ``properties.cell``. Files that could not be checked become tool execution notifications.
 """
 
@@ -106,6 +107,8 @@ def _result(finding: Finding, rule_index: int) -> dict:
         "message": {"text": text},
         "locations": [{"physicalLocation": {"artifactLocation": {"uri": artifact_uri(finding.path)}, "region": region}}],
     }
+    if finding.related:
+        result["relatedLocations"] = [_related(finding, index, related) for index, related in enumerate(finding.related, 1)]
     properties = {}
     if finding.cell is not None:
         properties["cell"] = finding.cell
@@ -114,6 +117,23 @@ def _result(finding: Finding, rule_index: int) -> dict:
     if properties:
         result["properties"] = properties
     return result
+
+
+def _related(finding: Finding, index: int, related) -> dict:
+    region = {
+        "startLine": max(related.line, 1),
+        "startColumn": max(related.column, 1),
+        "endLine": max(related.end_line or related.line, 1),
+        "endColumn": max(related.end_column or related.column + 1, 1),
+    }
+    if related.source_line:
+        region["snippet"] = {"text": related.source_line}
+    text = f"[cell {related.cell}] {related.message}" if related.cell is not None else related.message
+    return {
+        "id": index,
+        "message": {"text": text},
+        "physicalLocation": {"artifactLocation": {"uri": artifact_uri(finding.path)}, "region": region},
+    }
 
 
 def render(findings: Sequence[Finding], errors: Sequence[str]) -> str:

@@ -1,5 +1,6 @@
 """Findings for people: ``path:line:col: CODE [severity] name``, the message, the source line with a
-caret underline, and the fix — then a summary line. Rendered with rich (colour only on a terminal)."""
+caret underline, a ``= note: path:line:col: ...`` line per related location, and the fix — then a
+summary line. Rendered with rich (colour only on a terminal)."""
 
 from __future__ import annotations
 
@@ -23,16 +24,11 @@ def render(findings: Sequence[Finding], errors: Sequence[str], console: Console,
     summary(findings, errors, console, files_checked)
 
 
-def location(finding: Finding) -> str:
-    cell = f"[cell {finding.cell}]" if finding.cell is not None else ""
-    return f"{finding.path}{cell}:{finding.line}:{finding.column}"
-
-
 def render_one(finding: Finding, console: Console) -> None:
     style = _STYLE[finding.severity]
     fixable = " [dim]\\[*][/]" if finding.fix is not None else ""
     console.print(
-        f"[bold]{escape(location(finding))}[/]: [{style}]{finding.code}[/] "
+        f"[bold]{escape(finding.location())}[/]: [{style}]{finding.code}[/] "
         f"[{style}]{finding.severity.value}[/] [dim]{finding.name}[/]{fixable}",
         highlight=False,
     )
@@ -48,6 +44,11 @@ def render_one(finding: Finding, console: Console) -> None:
         console.print(f"  [blue]{pad} |[/]", highlight=False)
         console.print(f"  [blue]{gutter} |[/] {escape(line)}", highlight=False)
         console.print(f"  [blue]{pad} |[/] {' ' * start}[{style}]{'^' * width}[/]", highlight=False)
+    for related in finding.related:
+        # The same path:line:col form as the header, so an editor or grep finds the chain from any line.
+        console.print(
+            Text.assemble("  ", ("= note: ", "blue"), f"{finding.location(related)}: {related.message}"), highlight=False
+        )
     if finding.fix_hint:
         console.print(Text.assemble("  ", ("= fix: ", "green"), finding.fix_hint), highlight=False)
     console.print()

@@ -33,7 +33,8 @@ class PrepareDispatchedModel(Rule):
                 continue
             if severity is Severity.INFO and not (device_map.certainly_dispatched or value.has(TRAIT_OFFLOADED)):
                 continue  # "auto" in one process may well be a single device: nothing to say
-            placed = snippet(facts, value.trait("dispatch_call") or value.origin().node or node)
+            placer = value.trait("dispatch_call") or value.origin().node or node
+            placed = snippet(facts, placer)
             if severity is Severity.ERROR:
                 message = (
                     f"`{snippet(facts, node)}` is dispatched over several devices by `{placed}` and is passed to "
@@ -55,4 +56,5 @@ class PrepareDispatchedModel(Rule):
                     "process a full copy: `device_map={\"\": PartialState().process_index}`."
                 ),
                 severity=severity,
+                related=((placer, "the model is dispatched over several devices here"),),
             )

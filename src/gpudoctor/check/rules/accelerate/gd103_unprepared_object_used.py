@@ -68,6 +68,7 @@ class UnpreparedObjectUsed(Rule):
                 use_node,
                 f"The loop uses `{stale}`, not the prepared object: {reason}; {effect}.",
                 fix_hint=f"Use `{prepared}` (what prepare returned) here.",
+                related=((site.node, f"`{where}(...)` returns the prepared object as `{prepared}` here"),),
             )
         if kind == "model" and raw and raw != prepared:
             severity, why = multi_process_severity(facts)
@@ -84,6 +85,7 @@ class UnpreparedObjectUsed(Rule):
                             f"`{raw}(...)` calls the unwrapped model after prepare returned `{prepared}`; {why}, so "
                             "gradients are not all-reduced and the replicas drift apart.",
                             fix_hint=f"Call `{prepared}(...)`.",
+                            related=((site.node, f"`{where}(...)` returns the wrapped model as `{prepared}` here"),),
                         )
 
     def _training_uses(self, facts: FileFacts, after: int, kind: str):

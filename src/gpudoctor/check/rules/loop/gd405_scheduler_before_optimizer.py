@@ -57,6 +57,7 @@ class SchedulerBeforeOptimizer(Rule):
                 "`lr_scheduler.step()` before `optimizer.step()`\"), so warmup starts one step late and every "
                 "later value is shifted.",
                 fix_hint=f"Move `{snippet(facts, sched.node)}` after `{snippet(facts, opt.node)}`.",
+                related=((opt.node, "the optimizer steps here, after the scheduler"),),
             )
 
 

@@ -14,7 +14,8 @@ _REPLACING_METHODS = {"resize_token_embeddings", "add_adapter", "load_adapter"}
 
 
 class OptimizerBeforeAdapters(Rule):
-    """The optimizer is built over ``model.parameters()`` and *then* the model's parameters change:
+    """The optimizer is built over ``model.parameters()`` and *then* the model's parameters change
+    (reported at the optimizer, where it is fixed; the change is the related location):
     ``get_peft_model`` (base weights frozen, new LoRA weights the optimizer never sees), a replaced
     ``nn.Parameter`` or sub-module, ``resize_token_embeddings``. The optimizer keeps updating the old
     tensors, the new ones never change."""
@@ -43,13 +44,14 @@ class OptimizerBeforeAdapters(Rule):
             rebound = [b for b in opt_site.scope.bindings.get(opt_key, ()) if b.order > order]
             if rebound or not facts.loads_of(opt_key, after=order, scope=opt_site.scope):
                 continue  # rebuilt after the change, or never used again
+            # Reported where the user fixes it (the optimizer moves below the change), the change as related.
             yield self.report(
-                node,
-                f"{what} after `{opt_key}` was built over `{model_key}.parameters()` "
-                f"(`{snippet(facts, opt_site.node)}`): the optimizer still holds the old parameter tensors, so it "
-                "updates tensors the model no longer uses (or frozen ones with no gradient) and the new parameters never "
-                "change.",
-                fix_hint=f"Create `{opt_key}` after this line, over the final trainable parameters.",
+                opt_site.node,
+                f"`{opt_key}` is built over `{model_key}.parameters()` (`{snippet(facts, opt_site.node)}`) before "
+                f"{what}: the optimizer still holds the old parameter tensors, so it updates tensors the model no "
+                "longer uses (or frozen ones with no gradient) and the new parameters never change.",
+                fix_hint=f"Create `{opt_key}` after `{snippet(facts, node, 50)}`, over the final trainable parameters.",
+                related=((node, f"{what} here, after the optimizer was built"),),
             )
 
     def _change_after(self, facts: FileFacts, opt_site, model_key) -> Optional[tuple[cst.CSTNode, str]]:
