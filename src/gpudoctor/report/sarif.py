@@ -92,20 +92,12 @@ def _result(finding: Finding, rule_index: int) -> dict:
         text = f"[cell {finding.cell}] {text}"
     if finding.fix_hint:
         text = f"{text}\nFix: {finding.fix_hint}"
-    region = {
-        "startLine": max(finding.line, 1),
-        "startColumn": max(finding.column, 1),
-        "endLine": max(finding.end_line or finding.line, 1),
-        "endColumn": max(finding.end_column or finding.column + 1, 1),
-    }
-    if finding.source_line:
-        region["snippet"] = {"text": finding.source_line}
     result: dict = {
         "ruleId": finding.code,
         "ruleIndex": rule_index,
         "level": LEVEL[finding.severity],
         "message": {"text": text},
-        "locations": [{"physicalLocation": {"artifactLocation": {"uri": artifact_uri(finding.path)}, "region": region}}],
+        "locations": [{"physicalLocation": _physical(finding.path, finding)}],
     }
     if finding.related:
         result["relatedLocations"] = [_related(finding, index, related) for index, related in enumerate(finding.related, 1)]
@@ -119,21 +111,22 @@ def _result(finding: Finding, rule_index: int) -> dict:
     return result
 
 
-def _related(finding: Finding, index: int, related) -> dict:
+def _physical(path: str, at) -> dict:
+    """A physical location for a finding or one of its related locations (same fields)."""
     region = {
-        "startLine": max(related.line, 1),
-        "startColumn": max(related.column, 1),
-        "endLine": max(related.end_line or related.line, 1),
-        "endColumn": max(related.end_column or related.column + 1, 1),
+        "startLine": max(at.line, 1),
+        "startColumn": max(at.column, 1),
+        "endLine": max(at.end_line or at.line, 1),
+        "endColumn": max(at.end_column or at.column + 1, 1),
     }
-    if related.source_line:
-        region["snippet"] = {"text": related.source_line}
+    if at.source_line:
+        region["snippet"] = {"text": at.source_line}
+    return {"artifactLocation": {"uri": artifact_uri(path)}, "region": region}
+
+
+def _related(finding: Finding, index: int, related) -> dict:
     text = f"[cell {related.cell}] {related.message}" if related.cell is not None else related.message
-    return {
-        "id": index,
-        "message": {"text": text},
-        "physicalLocation": {"artifactLocation": {"uri": artifact_uri(finding.path)}, "region": region},
-    }
+    return {"id": index, "message": {"text": text}, "physicalLocation": _physical(finding.path, related)}
 
 
 def render(findings: Sequence[Finding], errors: Sequence[str]) -> str:
