@@ -4,6 +4,7 @@ import re
 
 import libcst as cst
 
+from gpudoctor.check import versions
 from gpudoctor.check.facts import FileFacts, int_value
 from gpudoctor.check.finding import Applicability, Edit, Fix, Severity
 from gpudoctor.check.queries import accelerator_for, accelerator_kwargs, mixed_precision_fp16, snippet
@@ -56,9 +57,14 @@ class LossBackwardWithAccelerator(Rule):
                 severity = Severity.INFO  # precision set in code to no/bf16, no accumulation: as written it works
             yield self.report(
                 site.node,
-                f"`{loss}.backward()` bypasses `{acc_name}`: with fp16 the loss is not scaled (the prepared "
-                "optimizer then unscales unscaled gradients), with gradient accumulation it is not divided by the "
-                "number of steps, and DeepSpeed/FSDP backward hooks are skipped.",
+                f"`{loss}.backward()` bypasses `{acc_name}.backward({loss})`, which (accelerate "
+                f"{versions.installed('accelerate') or '1.x'}) divides the loss by `gradient_accumulation_steps`, "
+                "scales it with the GradScaler under fp16 mixed precision and, under DeepSpeed, runs the engine's own "
+                "backward. Without it: with fp16 the prepared optimizer unscales gradients that were never scaled "
+                "(every update divided by the loss scale, 65536 at the start); with accumulation the gradients are N "
+                "times too large; under DeepSpeed the engine's backward never runs. Under FSDP accelerate's backward "
+                "is `loss.backward()` as well, so there the risk is the fp16 loss scaling (a ShardedGradScaler) that "
+                "the launch config can turn on.",
                 fix_hint=f"Use `{acc_name}.backward({loss})`.",
                 fix=fix,
                 severity=severity,

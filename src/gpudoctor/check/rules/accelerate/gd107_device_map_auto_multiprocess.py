@@ -11,7 +11,10 @@ from gpudoctor.check.queries import snippet, trained_models
 from gpudoctor.check.rule import Rule
 
 # An ``if`` that picks the map per launch mode: the author already handles several processes.
-_LAUNCH_TEST = re.compile(r"rank|world|ddp|distributed|process|num_gpus|device_count", re.IGNORECASE)
+# Whole identifier parts only: `local_rank`, `is_main_process`, `num_processes`, but not `preprocess`.
+_LAUNCH_TEST = re.compile(
+    r"(?<![a-z])(?:rank|world|ddp|distributed|process(?:es)?|num_gpus|device_count)(?![a-z])", re.IGNORECASE
+)
 
 
 class DeviceMapAutoMultiprocess(Rule):
@@ -77,7 +80,8 @@ class DeviceMapAutoMultiprocess(Rule):
 
     @staticmethod
     def _chosen_per_launch(facts: FileFacts, site, expr: cst.BaseExpression) -> bool:
-        """The map (or the load) depends on the launch mode: an ``if`` on rank/world size, or a name bound twice."""
+        """The map (or the load) depends on the launch mode: an ``if`` on rank/world size, or a name bound
+        to different maps (bound twice to the same "auto" is no choice)."""
         frames = list(site.context)
         key = name_key(expr)
         if key is not None:
@@ -86,10 +90,19 @@ class DeviceMapAutoMultiprocess(Rule):
                 return True
             frames += list(binding.context)
             scope_bindings = binding.scope.bindings.get(key, [])
-            if len([b for b in scope_bindings if b.kind != "param"]) > 1:
+            assigned = [b for b in scope_bindings if b.kind != "param"]
+            if len(assigned) > 1 and not all(_same_auto_map(facts, b) for b in assigned):
                 return True
             if any(b.kind == "param" for b in scope_bindings):
                 return True
         return any(
             isinstance(f, IfFrame) and _LAUNCH_TEST.search(facts.module.code_for_node(f.test)) for f in frames
         )
+
+
+def _same_auto_map(facts: FileFacts, binding) -> bool:
+    """The binding stores an automatic map (``"auto"``, ``"balanced"`` ...), not a per-rank one."""
+    if binding.value is None:
+        return False
+    device_map = facts.device_map(binding.value, binding.order, binding.scope)
+    return device_map is not None and device_map.strategy == "auto"

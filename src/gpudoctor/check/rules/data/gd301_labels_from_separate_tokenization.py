@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from typing import Iterator, Optional
 
 import libcst as cst
@@ -35,7 +36,13 @@ class LabelsFromSeparateTokenization(Rule):
     def check(self, facts: FileFacts):
         if language_model_kind(facts) != "causal":
             return
+        # Labels decoded back to text in a file that generates: gold answers compared with generated
+        # text. A dict or an encoding holding them need not reach a loss; a model call's labels= does.
+        gold_answers = _labels_decoded_next_to_generate(facts)
+        forward_labels = {id(site.arg(keyword="labels")) for site in facts.calls if site.arg(keyword="labels") is not None}
         for labels, inputs, node, order, scope in self._pairs(facts):
+            if gold_answers and id(labels) not in forward_labels:
+                continue
             label_call = ids_source(facts, labels, order, scope)
             input_call = inputs[1] if isinstance(inputs, tuple) else ids_source(facts, inputs, order, scope)
             if label_call is None or input_call is None or label_call is input_call:
@@ -97,6 +104,28 @@ class LabelsFromSeparateTokenization(Rule):
             "`labels = enc[\"input_ids\"].clone()`, then set `-100` on the prompt and padding positions "
             "(`labels[:len_prompt] = -100`, `labels[enc[\"attention_mask\"] == 0] = -100`)."
         )
+
+
+_LABELS = re.compile(r"\blabels?\b|label_ids|\bgold|\breferences?\b|\btargets?\b")
+
+
+def _labels_decoded_next_to_generate(facts: FileFacts) -> bool:
+    """``tokenizer.decode/batch_decode`` of the labels (``batch["labels"]``, ``labels``, or a name bound to
+    them) in a function that also calls ``.generate(...)``: an evaluation by generation."""
+    generating = {id(site.scope) for site in facts.method_calls("generate")}
+    for site in facts.method_calls("decode", "batch_decode"):
+        if id(site.scope) not in generating:
+            continue
+        for arg in site.node.args:
+            text = facts.module.code_for_node(arg.value)
+            key = name_key(arg.value)
+            if key is not None:
+                binding = facts.binding_at(key, site.order, site.scope)
+                if binding is not None and binding.value is not None:
+                    text += " " + facts.module.code_for_node(binding.value)
+            if _LABELS.search(text):
+                return True
+    return False
 
 
 def _encoding_of(inputs) -> Optional[cst.BaseExpression]:

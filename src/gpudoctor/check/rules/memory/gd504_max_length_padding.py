@@ -11,7 +11,8 @@ from gpudoctor.check.rules.data._common import padding_of, tokenizer_call
 
 # From this length on, padding every sample to it is worth a note.
 THRESHOLD = 1024
-_STATIC_SHAPES = re.compile(r"torch_xla|\btpu\b|TPU|static shape", re.IGNORECASE)
+# "tpu" as a word or an identifier part (`use_tpu`, `tpu_num_cores`), never inside one ("output").
+_STATIC_SHAPES = re.compile(r"torch_xla|(?<![a-z])tpu(?![a-z])|static shape", re.IGNORECASE)
 
 
 class MaxLengthPadding(Rule):
