@@ -42,3 +42,26 @@ def test_gd114_unprepared_scheduler_reaches_zero_early():
     prepared = _linear_lrs(True)
     assert unprepared.index(0.0) == 7  # after 8 of 32 micro-batches: 2 of the 8 updates
     assert prepared.index(0.0) == 31  # at the very end
+
+
+def _word_tokenizer():
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, "a": 2, "b": 3, "c": 4}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]")
+
+
+def test_gd306_lm_collator_discards_masked_labels():
+    pytest.importorskip("transformers")
+    from transformers import DataCollatorForLanguageModeling
+
+    collator = DataCollatorForLanguageModeling(_word_tokenizer(), mlm=False)
+    same_length = [{"input_ids": [2, 3, 4], "labels": [-100, -100, 4]}, {"input_ids": [2, 2, 3], "labels": [-100, 2, 3]}]
+    assert collator(same_length)["labels"].tolist() == [[2, 3, 4], [2, 2, 3]]  # the prompt mask is gone
+    different = [{"input_ids": [2, 3, 4], "labels": [-100, -100, 4]}, {"input_ids": [2, 3], "labels": [-100, 3]}]
+    with pytest.raises(ValueError, match="Unable to create tensor"):
+        collator(different)

@@ -160,6 +160,13 @@ def shifted_base(node: cst.CSTNode, upper: bool = False) -> Optional[cst.BaseExp
     return None
 
 
+def subscript_key(target: cst.Subscript) -> Optional[str]:
+    """``"labels"`` for ``enc["labels"]``; None for other subscripts."""
+    if len(target.slice) != 1 or not isinstance(target.slice[0].slice, cst.Index):
+        return None
+    return string_value(target.slice[0].slice.value)
+
+
 def code(facts: FileFacts, node: cst.CSTNode) -> str:
     return " ".join(facts.module.code_for_node(node).split())
 

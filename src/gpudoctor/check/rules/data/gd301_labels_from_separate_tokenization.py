@@ -15,6 +15,7 @@ from gpudoctor.check.rules.data._common import (
     ids_source,
     max_length_of,
     padding_of,
+    subscript_key,
     tokenized_text,
 )
 
@@ -66,7 +67,7 @@ class LabelsFromSeparateTokenization(Rule):
             if labels is not None and inputs is not None:
                 yield labels, inputs, labels, site.order, site.scope
         for site in facts.subscript_assigns:
-            if _key(site.target) != "labels" or site.base_key is None:
+            if subscript_key(site.target) != "labels" or site.base_key is None:
                 continue
             encoding = encoding_source(facts, site.target.value, site.order, site.scope)
             if encoding is not None:
@@ -152,7 +153,7 @@ def _ids_rewritten(facts: FileFacts, expr, order: int, scope) -> bool:
         if site.scope != scope or site.order >= order:
             continue
         inner = site.target.value
-        if isinstance(inner, cst.Subscript) and _key(inner) == "input_ids" and name_key(inner.value) == key:
+        if isinstance(inner, cst.Subscript) and subscript_key(inner) == "input_ids" and name_key(inner.value) == key:
             return True
     return False
 
@@ -160,9 +161,3 @@ def _ids_rewritten(facts: FileFacts, expr, order: int, scope) -> bool:
 def _short(text: str, limit: int = 40) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _key(target: cst.Subscript) -> Optional[str]:
-    if len(target.slice) != 1 or not isinstance(target.slice[0].slice, cst.Index):
-        return None
-    return string_value(target.slice[0].slice.value)

@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import re
+from typing import Iterator, Optional
+
+import libcst as cst
+
+from gpudoctor.check import apis, versions
+from gpudoctor.check.facts import FileFacts, call_arg, name_key
+from gpudoctor.check.queries import snippet
+from gpudoctor.check.rule import Rule
+from gpudoctor.check.rules.data._common import code, subscript_key
+
+_IGNORE = r"(?:-\s*100\b|IGNORE_INDEX|ignore_index|IGNORE_TOKEN_ID)"
+# Labels that mask the prompt, not just padding (the collator masks padding the same way):
+# `[-100] * len(prompt) + answer`, `torch.full((n,), IGNORE_INDEX)`.
+_MASKED = re.compile(rf"\[\s*{_IGNORE}\s*\]\s*\*|\*\s*\[\s*{_IGNORE}\s*\]|full\w*\([^)]*{_IGNORE}", re.IGNORECASE)
+_IGNORE_VALUE = re.compile(rf"^{_IGNORE}$", re.IGNORECASE)
+
+
+class LmCollatorOverwritesLabels(Rule):
+    """``DataCollatorForLanguageModeling(mlm=False)`` in a file that builds its own ``labels`` with
+    ``-100`` on the positions not to learn (the prompt): the collator discards them and sets
+    ``labels = input_ids.clone()`` (pad positions -100), so the prompt is trained on."""
+
+    code = "GD306"
+    name = "lm-collator-overwrites-labels"
+    summary = "DataCollatorForLanguageModeling(mlm=False) replaces the labels the script masked itself"
+    triggers = ("DataCollatorForLanguageModeling",)
+
+    def check(self, facts: FileFacts):
+        collators = [s for s in facts.calls_to(*apis.LM_COLLATOR) if _is_false(call_arg(s.node, 1, "mlm"))]
+        if not collators:
+            return
+        masked = next(self._masked_label_stores(facts), None)
+        if masked is None:
+            return
+        store, value = masked
+        for site in collators:
+            yield self.report(
+                site.node,
+                f"`{snippet(facts, site.node)}` replaces every batch's `labels` with a copy of `input_ids` (pad "
+                f"positions -100; {versions.describe('transformers')}, `DataCollatorForLanguageModeling.torch_call`), "
+                f"so the labels this file masks itself (`{snippet(facts, value, 50)}`) are discarded: with examples "
+                "of equal length the masked positions (the prompt) are trained on silently; with different lengths "
+                "padding the `labels` feature raises \"ValueError: Unable to create tensor, you should probably "
+                "activate truncation and/or padding ...\".",
+                fix_hint="Keep your labels: `DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)` "
+                "pads them with -100 (it works for causal LMs too), or pad them yourself.",
+                related=((store, "the script builds masked labels here"),),
+            )
+
+    @staticmethod
+    def _masked_label_stores(facts: FileFacts) -> Iterator[tuple[cst.CSTNode, cst.BaseExpression]]:
+        """(node to show, label value) for `{"labels": v}` / `enc["labels"] = v` whose value masks."""
+        stores = [(e.element, e.value, e.order, e.scope) for e in facts.dict_entries if e.key == "labels"]
+        stores += [
+            (s.target, s.value, s.order, s.scope) for s in facts.subscript_assigns if subscript_key(s.target) == "labels"
+        ]
+        for node, value, order, scope in stores:
+            if _masks(facts, value, order, scope):
+                yield node, value
+
+
+def _masks(facts: FileFacts, value: cst.BaseExpression, order: int, scope) -> bool:
+    """The value masks a prefix itself, through the name it was built in, or by ``labels[:n] = -100``."""
+    if _MASKED.search(code(facts, value)):
+        return True
+    key = name_key(value)
+    if key is None:
+        return False
+    binding = facts.binding_at(key, order, scope)
+    if binding is not None and binding.value is not None and _MASKED.search(code(facts, binding.value)):
+        return True
+    return any(
+        s.scope is scope
+        and s.order < order
+        and name_key(s.target.value) == key
+        and any(isinstance(element.slice, cst.Slice) for element in s.target.slice)
+        and _IGNORE_VALUE.match(code(facts, s.value))
+        for s in facts.subscript_assigns
+    )
+
+
+def _is_false(node: Optional[cst.BaseExpression]) -> bool:
+    return isinstance(node, cst.Name) and node.value == "False"
+
+
