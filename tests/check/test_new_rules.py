@@ -65,3 +65,14 @@ def test_gd306_lm_collator_discards_masked_labels():
     different = [{"input_ids": [2, 3, 4], "labels": [-100, -100, 4]}, {"input_ids": [2, 3], "labels": [-100, 3]}]
     with pytest.raises(ValueError, match="Unable to create tensor"):
         collator(different)
+
+
+def test_gd613_cpu_tensor_into_offloaded_parameter_raises(tmp_path):
+    torch = pytest.importorskip("torch")
+    accelerate = pytest.importorskip("accelerate")
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    model = accelerate.dispatch_model(model, device_map={"0": "cpu", "1": "disk"}, main_device="cpu", offload_dir=str(tmp_path))
+    assert model[1].weight.device.type == "meta"  # offloaded: accelerate's hook loads it for each forward
+    with pytest.raises(RuntimeError, match="incompatible tensor type"):
+        model[1].weight.data = torch.zeros(2, 2)
