@@ -13,7 +13,8 @@ Runs the check engine in-process (no torch import) over ``fixtures/field/``:
   any finding there is a false alarm (counted with the default rule set and with preview rules).
 
 Each file is checked with its header (the module docstring, or a leading block of comments: the citation and
-the description of the defect, which a user's script would not contain) blanked out, line numbers kept, so
+the description of the defect, which a user's script would not contain) blanked out and its ``# defect:``
+markers removed, line numbers kept, so
 that the rules' text heuristics cannot read the answer. Context a real script carries (a launch command, a
 GPU named in a comment) is written as ordinary comments in the code itself.
 
@@ -87,9 +88,10 @@ def header_lines(source: str) -> range:
 
 
 def code_of(source: str) -> str:
-    """The source with its header blanked out (same line numbers)."""
+    """The source as a user would have it: header blanked and `# defect:` markers removed (same line numbers)."""
     header = header_lines(source)
-    return "\n".join("" if number in header else line for number, line in enumerate(source.splitlines(), start=1)) + "\n"
+    lines = ("" if number in header else DEFECT.sub("", line).rstrip() for number, line in enumerate(source.splitlines(), start=1))
+    return "\n".join(lines) + "\n"
 
 
 def family_of(source: str, path: Path) -> str:
