@@ -8,6 +8,8 @@ Runs the check engine in-process (no torch import) over ``fixtures/field/``:
   - **hit**: a finding of the named code starting on that line (the recall figure);
   - **any at line**: a finding of any code starting on that line;
   - **in file**: a finding of the named code anywhere in the file;
+  - **via related**: a finding of the named code that lists the defect line among its related locations
+    (``Finding.related``, where the engine provides it: the user fixes the defect there);
 
 * fixed twins (``*.fixed.py``) and clean look-alikes (``fixtures/field/clean/*.py``) must get no finding;
   any finding there is a false alarm (counted with the default rule set and with preview rules).
@@ -63,6 +65,7 @@ class Outcome:
     hit: bool
     any_at_line: bool
     in_file: bool
+    via_related: bool = False
     found_at_line: list[str] = field(default_factory=list)
     found_in_file: list[str] = field(default_factory=list)
 
@@ -132,6 +135,16 @@ def run(path: Path, source: str, preview: bool):
         return [], f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
+def related_lines(finding) -> set[int]:
+    """Lines of a finding's related locations, for engines that report them (objects or dicts with a line)."""
+    lines = set()
+    for location in getattr(finding, "related", None) or ():
+        line = location.get("line") if isinstance(location, dict) else getattr(location, "line", None)
+        if isinstance(line, int):
+            lines.add(line)
+    return lines
+
+
 def measure_recall(preview: bool) -> tuple[list[Outcome], dict[str, str]]:
     outcomes, errors = [], {}
     for path in bug_scripts():
@@ -148,6 +161,7 @@ def measure_recall(preview: bool) -> tuple[list[Outcome], dict[str, str]]:
                     hit=defect.code in at_line,
                     any_at_line=bool(at_line),
                     in_file=bool(named),
+                    via_related=any(f.code == defect.code and defect.line in related_lines(f) for f in findings),
                     found_at_line=at_line,
                     found_in_file=sorted({f"{f.code}@{f.line}" for f in findings}),
                 )
@@ -178,13 +192,14 @@ def ratio(hits: int, total: int) -> str:
 
 
 def tally(outcomes: list[Outcome], key) -> dict[str, dict[str, int]]:
-    table: dict[str, dict[str, int]] = defaultdict(lambda: {"defects": 0, "hit": 0, "any_at_line": 0, "in_file": 0})
+    table: dict[str, dict[str, int]] = defaultdict(lambda: {"defects": 0, "hit": 0, "any_at_line": 0, "in_file": 0, "via_related": 0})
     for outcome in outcomes:
         row = table[key(outcome)]
         row["defects"] += 1
         row["hit"] += outcome.hit
         row["any_at_line"] += outcome.any_at_line
         row["in_file"] += outcome.in_file
+        row["via_related"] += outcome.via_related
     return dict(sorted(table.items()))
 
 
@@ -202,6 +217,7 @@ def report(preview: bool) -> dict:
             "hit": sum(o.hit for o in ruled),
             "any_at_line": sum(o.any_at_line for o in ruled),
             "in_file": sum(o.in_file for o in ruled),
+            "via_related": sum(o.via_related for o in ruled),
         },
         "no_rule_yet": {"defects": len(unruled), "any_at_line": sum(o.any_at_line for o in unruled)},
         "per_family": tally(ruled, lambda o: o.defect.family),
@@ -230,6 +246,7 @@ def print_text(data: dict) -> None:
     print(f"recall (named code at the defect line): {ratio(r['hit'], r['defects'])}")
     print(f"  any code at the defect line:            {ratio(r['any_at_line'], r['defects'])}")
     print(f"  named code anywhere in the file:        {ratio(r['in_file'], r['defects'])}")
+    print(f"  named code, defect line among related:  {ratio(r['via_related'], r['defects'])}")
     n = data["no_rule_yet"]
     print(f"defects no rule claims yet: {n['defects']} (any finding at their line: {n['any_at_line']})")
     for title, table in (("family", data["per_family"]), ("code", data["per_code"])):
