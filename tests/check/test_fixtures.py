@@ -14,8 +14,10 @@ from gpudoctor.check.registry import all_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "fixtures"
-# fixtures/trace holds programs for the runtime probe; they are checked by tests/trace.
-FILES = sorted(p for p in FIXTURES.rglob("*.py") if "trace" not in p.relative_to(FIXTURES).parts[:1])
+# fixtures/trace holds programs for the runtime probe; they are checked by tests/trace. fixtures/field is the
+# recall corpus (`# defect:` markers, measured by benchmarks/recall.py, kept well-formed by test_recall_corpus.py).
+SKIPPED = {"trace", "field"}
+FILES = sorted(p for p in FIXTURES.rglob("*.py") if p.relative_to(FIXTURES).parts[0] not in SKIPPED)
 _EXPECT = re.compile(r"#\s*expect:\s*(?P<codes>GD\d{3}(?:\s*,\s*GD\d{3})*)")
 _RELATED = re.compile(r"#\s*related:\s*(?P<codes>GD\d{3}(?:\s*,\s*GD\d{3})*)")
 
