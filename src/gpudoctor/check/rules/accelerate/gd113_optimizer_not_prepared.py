@@ -64,4 +64,5 @@ class OptimizerNotPrepared(Rule):
                     f"`{opt}.step()` steps an optimizer that `{acc}.prepare` never wrapped, while "
                     f"`{acc}.backward(...)` is used: " + "; ".join(effects) + ".",
                     fix_hint=f"`{opt} = {acc}.prepare({opt})` (with the model and dataloaders), and step what prepare returns.",
+                    related=((backward.node, f"`{acc}.backward(...)` scales/divides the loss here"),),
                 )

@@ -61,6 +61,7 @@ class FrozenAfterBackward(Rule):
                 "the \"frozen\" weights (stale gradient, momentum, weight decay).",
                 fix_hint="Build the optimizer over `[p for p in model.parameters() if p.requires_grad]` after freezing, "
                 "or call `optimizer.zero_grad(set_to_none=True)` before freezing.",
+                related=((before[-1].node, "the gradients come from this backward"), (later_step.node, "the optimizer still updates the frozen parameters here")),
             )
 
     @staticmethod
