@@ -138,3 +138,16 @@ def test_cli_option_and_config(tmp_path, capsys):
     project.write_text('[tool.gpudoctor]\ngpus = "1x8GB"\npreview = true\n')
     assert main(["check", "--no-cache", "--select", "GD506", "--config", str(project), str(FITS)]) == 1
     assert "from [tool.gpudoctor] gpus" in capsys.readouterr().out
+
+
+def test_gd112_judges_against_declared_gpus():
+    path = ROOT / "fixtures" / "rules" / "accelerate" / "gd112_dataparallel_model_too_large.py"
+
+    def gd112():
+        return check_source(path.read_text(), str(path), rules=[rule_by_code("GD112")])
+
+    as_stated = gd112()  # the file names its GPUs
+    assert len(as_stated) == 2
+    hardware.set_assumed(hardware.parse_gpus("2xH200", "--gpus 2xH200"))
+    (left,) = gd112()  # ~52 GiB fits a 140 GiB card; ~194 GiB does not
+    assert "~194 GiB" in left.message and "2 x H200 (139.8 GiB usable), from --gpus 2xH200" in left.message
