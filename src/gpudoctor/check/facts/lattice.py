@@ -123,6 +123,28 @@ class ExpressionValues:
             cache[id(scope)] = found
         return found
 
+    def built_by(self, node: Optional[cst.CSTNode], order: int, scope: "Scope", depth: int = 0) -> Optional[cst.Call]:
+        """The library call an expression was built by, through names, temporaries and the file's own
+        helpers (``config = make_config()`` ... ``def make_config(): return LoraConfig(...)``)."""
+        if node is None or depth > 8:
+            return None
+        key = name_key(node)
+        if key is not None:
+            binding = self.binding_at(key, order, scope)
+            if binding is None or binding.kind != "assign" or binding.value is None:
+                return None
+            return self.built_by(binding.value, binding.order, binding.scope, depth + 1)
+        if not isinstance(node, cst.Call):
+            return None
+        site = self._call_by_node.get(id(node))
+        if site is not None and site.qualname is None:
+            for callee in self.callee_scopes(site):
+                for ret in self.returns.get(id(callee), ()):
+                    found = self.built_by(ret.value, ret.order, ret.scope, depth + 1)
+                    if found is not None:
+                        return found
+        return node
+
     # ------------------------------------------------------------------ evaluation of expressions
 
     def _evaluate_expression(self, node: cst.CSTNode, order: int, scope: "Scope") -> Value:
@@ -283,6 +305,9 @@ class ExpressionValues:
         if binding.kind == "for" and binding.value is not None:
             return self.item_of(binding.value, binding.order, binding.scope, binding.path)
         if binding.kind == "unpack" and binding.value is not None:
+            nxt = binding.value
+            if isinstance(nxt, cst.Call) and isinstance(nxt.func, cst.Name) and nxt.func.value == "next" and nxt.args:
+                return self.item_of(nxt.args[0].value, binding.order, binding.scope, binding.path)
             whole = self.value(binding.value, binding.order, binding.scope)
             return self.element(whole, binding.path or ((binding.index,) if binding.index is not None else ()))
         if binding.kind == "with" and binding.value is not None:
@@ -323,6 +348,14 @@ class ExpressionValues:
 
     def item_of(self, iterable: cst.CSTNode, order: int, scope: "Scope", path: tuple[int, ...]) -> Value:
         """What ``for <target> in iterable`` binds at ``path`` inside the target."""
+        key = name_key(iterable)
+        if key is not None:
+            binding = self.binding_at(key, order, scope)
+            # ``it = iter(enumerate(loader))`` ... ``next(it)``: the items of what the name was made from.
+            if binding is not None and binding.kind == "assign" and isinstance(binding.value, cst.Call):
+                name = (dotted(binding.value.func) or "").split(".")[-1]
+                if name in _PASS_ITEMS | {"enumerate", "zip"}:
+                    return self.item_of(binding.value, binding.order, binding.scope, path)
         if isinstance(iterable, cst.Call):
             func = iterable.func
             name = (dotted(func) or "").split(".")[-1]

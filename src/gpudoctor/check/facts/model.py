@@ -113,6 +113,16 @@ class FileFacts(ExpressionValues):
             return None
         return None
 
+    @property
+    def assumption_note(self) -> str:
+        """For messages: the well-known names this file uses without importing them, as they were read."""
+        if not self.assumed_imports:
+            return ""
+        names = ", ".join(
+            f"`{name}`" if name == full else f"`{name}` as `{full}`" for name, full in sorted(self.assumed_imports.items())
+        )
+        return f" (Assumed {names}: used without an import, as in a snippet or notebook cell.)"
+
     def calls_to(self, *qualnames: str) -> list[CallSite]:
         out: list[CallSite] = []
         for q in qualnames:
@@ -370,6 +380,9 @@ class FileFacts(ExpressionValues):
                 return Value("training_args", call)
             if q in apis.INFER_DEVICE_MAP:
                 return Value("device_map", call)
+            if q == apis.BNB_CONFIG:
+                bits = 8 if is_true(call_arg(call, keyword="load_in_8bit")) else 4 if is_true(call_arg(call, keyword="load_in_4bit")) else 0
+                return Value("quantization_config", call, {"bits": bits})
             if apis.is_optimizer(q):
                 return Value("optimizer", call)
             if apis.is_scheduler(q):
@@ -388,7 +401,9 @@ class FileFacts(ExpressionValues):
                 base = self.value(receiver, order, scope)
                 if base.kind == "model" and site is not None:
                     return self._moved_or_cast(base, site)
-                return Value("tensor" if base.kind in ("unknown", "tensor") else base.kind, call, base=base)
+                if base.kind == "unknown":
+                    return UNKNOWN  # a tensor, a module, a batch: ``.to()`` says nothing about which
+                return Value(base.kind, call, base=base)
             if method in ("prepare", "prepare_model") and len(call.args) == 1:
                 if self.value(receiver, order, scope).kind == "accelerator":
                     inner = self.value(call.args[0].value, order, scope)
@@ -413,14 +428,7 @@ class FileFacts(ExpressionValues):
         return Value("model", call, traits)
 
     def _is_bnb_config(self, node, order, scope) -> bool:
-        if isinstance(node, cst.Call):
-            return self.qualname(node.func) == apis.BNB_CONFIG
-        key = name_key(node)
-        if key:
-            binding = self.binding_at(key, order, scope)
-            if binding and isinstance(binding.value, cst.Call):
-                return self.qualname(binding.value.func) == apis.BNB_CONFIG
-        return False
+        return self.value(node, order, scope).kind == "quantization_config"
 
     def _placement_traits(self, call: cst.Call, device_map: Optional[DeviceMap]) -> dict[str, Any]:
         """What a loading/dispatching call's ``device_map`` says: the map, dispatch, offload evidence."""

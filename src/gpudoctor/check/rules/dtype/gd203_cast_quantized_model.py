@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from gpudoctor.check import apis
 from gpudoctor.check.facts import (
     TRAIT_PEFT,
     TRAIT_PREPARED,
@@ -9,7 +8,6 @@ from gpudoctor.check.facts import (
     Value,
     call_arg,
     is_true,
-    name_key,
 )
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
@@ -90,13 +88,7 @@ class CastQuantizedModel(Rule):
         if is_true(call_arg(load, keyword="load_in_4bit")):
             return 4
         config = call_arg(load, keyword="quantization_config")
-        if config is not None and name_key(config) is not None:
-            site = facts.call_site(load)
-            binding = facts.binding_at(name_key(config), site.order, site.scope) if site else None
-            config = binding.value if binding is not None else None
-        if config is not None and hasattr(config, "args") and facts.qualname(getattr(config, "func", None)) == apis.BNB_CONFIG:
-            if is_true(call_arg(config, keyword="load_in_8bit")):
-                return 8
-            if is_true(call_arg(config, keyword="load_in_4bit")):
-                return 4
-        return 0
+        site = facts.call_site(load)
+        if config is None or site is None:
+            return 0
+        return facts.value(config, site.order, site.scope).traits.get("bits", 0)
