@@ -27,6 +27,8 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import libcst as cst
 
+from gpudoctor.check.facts.nodes import dotted
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "fixtures"
 
@@ -211,13 +213,7 @@ def _local_name(alias: cst.ImportAlias) -> str:
     return cst.Module([]).code_for_node(alias.name).split(".")[0]
 
 
-def _dotted(node: cst.CSTNode) -> Optional[str]:
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        head = _dotted(node.value)
-        return f"{head}.{node.attr.value}" if head else None
-    return None
+_dotted = dotted
 
 
 class _ReplaceNames(cst.CSTTransformer):
@@ -463,6 +459,12 @@ def alias_torch_paths(module: cst.Module) -> cst.Module:
     replaced = 0
 
     class Rewrite(cst.CSTTransformer):
+        def visit_Import(self, node: cst.Import) -> bool:
+            return False
+
+        def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+            return False
+
         def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
             nonlocal replaced
             path = _dotted(updated)
@@ -640,6 +642,7 @@ def split_temporaries(module: cst.Module) -> cst.Module:
     """An expression goes through a temporary: ``a = f(g(x))`` -> ``tmp = g(x)``... one split per statement:
     an assignment's value, else an expression statement's call receiver or first argument."""
     taken = set(_names(module).all)
+    imported = _names_imported(module)
     count = 0
 
     class Split(cst.CSTTransformer):
@@ -670,7 +673,7 @@ def split_temporaries(module: cst.Module) -> cst.Module:
             elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
                 call = small.value
                 name = _fresh(taken, "tmp")
-                if isinstance(call.func, cst.Attribute) and not isinstance(call.func.value, _TRIVIAL) and not _is_super(call.func.value):
+                if isinstance(call.func, cst.Attribute) and not isinstance(call.func.value, _TRIVIAL) and not _is_super(call.func.value) and not _module_path(call.func.value, imported):
                     piece = call.func.value
                     rebuilt = small.with_changes(value=call.with_changes(func=call.func.with_changes(value=cst.Name(name))))
                 elif call.args and not call.args[0].star and call.args[0].keyword is None and not isinstance(call.args[0].value, _TRIVIAL + (cst.Lambda, cst.GeneratorExp)):
@@ -692,6 +695,12 @@ def split_temporaries(module: cst.Module) -> cst.Module:
     if not count:
         raise NotApplicable
     return new
+
+
+def _module_path(node: cst.CSTNode, imported: set[str]) -> bool:
+    """``torch.nn.utils``: a module, not a value anyone would put in a variable."""
+    path = dotted(node)
+    return path is not None and path.split(".")[0] in imported
 
 
 def _is_super(node: cst.CSTNode) -> bool:

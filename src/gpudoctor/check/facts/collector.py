@@ -244,7 +244,7 @@ class _Collector:
         return False
 
     def _loop(self, node: Union[cst.For, cst.While], iterated, bind_target) -> None:
-        frame = LoopFrame(node, self.tick(), iterated)
+        frame = LoopFrame(node, self.tick(), iterated, scope=self.scope)
         self.facts.loops.append(frame)
         self.frames.append(frame)
         bind_target()

@@ -194,7 +194,11 @@ class ExpressionValues:
         if attr == "device" and base.kind in ("accelerator", "model", TENSOR, BATCH):
             return Value(DEVICE, node, {"of": base})
         if base.kind in (MODEL_OUTPUT, BATCH, TOKENIZER_OUTPUT):
-            return _tensor(node, batch_item=base) if base.kind == BATCH else _tensor(node, output=base)
+            if base.kind == BATCH:
+                return _tensor(node, batch_item=base)
+            if base.kind == MODEL_OUTPUT and attr == "loss":
+                return _tensor(node, output=base, loss=node)
+            return _tensor(node, output=base)
         if base.kind == TENSOR and attr in ("T", "mT", "H", "data", "grad", "real", "imag"):
             return Value(TENSOR, node, base=base)
         if base.kind == "model" and attr in ("weight", "bias"):
@@ -243,6 +247,8 @@ class ExpressionValues:
             return UNKNOWN
         if last in _TORCH_NOT_TENSOR or last.startswith(("is_", "set_", "get_")):
             return UNKNOWN
+        if parts[:3] == ["torch", "nn", "functional"] and ("loss" in last or "entropy" in last):
+            return _tensor(call, loss=call)
         if len(parts) == 2 or parts[1] in ("nn", "linalg", "fft", "special") or last[:1].isupper():
             return _tensor(call, created=".".join(parts))
         return UNKNOWN
@@ -292,10 +298,13 @@ class ExpressionValues:
                 value = self.value(ret.value, ret.order, ret.scope)
                 if value.kind != "unknown":
                     return value
-        # A call of a model: the forward pass.
-        if name_key(func) is not None and self.value(func, site.order, site.scope).kind == "model":
-            return Value(MODEL_OUTPUT, call, {"model": self.value(func, site.order, site.scope)})
-        if name_key(func) is not None and self.value(func, site.order, site.scope).kind == "tokenizer":
+        # A call of a model: the forward pass (of a loss module: the loss).
+        callee = self.value(func, site.order, site.scope) if name_key(func) is not None else UNKNOWN
+        if callee.kind == "model":
+            if str(callee.trait("class") or "").endswith("Loss"):
+                return _tensor(call, loss=call)
+            return Value(MODEL_OUTPUT, call, {"model": callee})
+        if callee.kind == "tokenizer":
             return Value(TOKENIZER_OUTPUT, call)
         return UNKNOWN
 

@@ -374,6 +374,8 @@ class FileFacts(ExpressionValues):
                 return Value("model", call, {"wrapper": q}, base=base)
             if q in apis.DATALOADER:
                 return Value("dataloader", call)
+            if q in apis.GRAD_SCALER:
+                return Value("grad_scaler", call)
             if q in apis.TRAINERS:
                 return Value("trainer", call)
             if q in apis.TRAINING_ARGS:

@@ -51,6 +51,7 @@ class LoopFrame:
     order: int
     iter: Optional[cst.BaseExpression]
     end_order: int = 0
+    scope: Optional[Scope] = None  # the scope the loop runs in
 
 
 @dataclass(eq=False, repr=False)

@@ -195,6 +195,8 @@ def is_optimizer_step(facts: FileFacts, site: CallSite) -> bool:
         return True
     if site.receiver is None or not site.node.args:
         return False
+    if receiver_kind(facts, site) == "grad_scaler":
+        return True  # GradScaler.step(optimizer)
     text = _receiver_text(site.receiver) or ""
     if not _SCALER_NAME.search(text.split(".")[-1]):
         return False
