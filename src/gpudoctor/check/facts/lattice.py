@@ -19,7 +19,7 @@ import libcst as cst
 
 from gpudoctor.check import apis
 from gpudoctor.check.facts.nodes import call_arg, dotted, name_key, string_value
-from gpudoctor.check.facts.values import UNKNOWN, Value
+from gpudoctor.check.facts.values import TRAIT_PREPARED, UNKNOWN, Value
 
 if TYPE_CHECKING:
     from gpudoctor.check.facts.records import Binding, CallSite, Scope
@@ -355,6 +355,71 @@ class ExpressionValues:
             return self.value(param.default, binding.order, binding.scope)
         return UNKNOWN
 
+    def iterated(self, loop) -> Optional[tuple[cst.BaseExpression, cst.CSTNode]]:
+        """(the collection a loop really iterates, the node that shows it): ``for b in tqdm(enumerate(dl))`` ->
+        ``dl``; ``it = iter(dl)`` / ``while True: b = next(it)`` -> ``dl``; the file's own generators are
+        followed to what they iterate (their parameter's argument)."""
+        if isinstance(loop.node, cst.For):
+            return self.source_of(loop.iter, loop.order, loop.scope), loop.iter
+        for bindings in (loop.scope.bindings.values() if loop.scope is not None else ()):
+            for binding in bindings:
+                value = binding.value
+                if (
+                    loop.order < binding.order < loop.end_order
+                    and isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "next" and value.args
+                ):
+                    return self.source_of(value.args[0].value, binding.order, binding.scope), value
+        return None
+
+    def source_of(self, iterable: cst.BaseExpression, order: int, scope: "Scope", depth: int = 0) -> cst.BaseExpression:
+        if depth > 6:
+            return iterable
+        key = name_key(iterable)
+        if key is not None:
+            binding = self.binding_at(key, order, scope)
+            if binding is not None and binding.kind == "assign" and isinstance(binding.value, cst.Call):
+                name = (dotted(binding.value.func) or "").split(".")[-1]
+                if name in _PASS_ITEMS | {"enumerate", "zip"}:
+                    return self.source_of(binding.value, binding.order, binding.scope, depth + 1)
+            if binding is not None and binding.kind == "param":
+                arg = self._param_argument(binding)
+                if arg is not None:
+                    return self.source_of(*arg, depth + 1)
+            return iterable
+        if isinstance(iterable, cst.Call):
+            name = (dotted(iterable.func) or "").split(".")[-1]
+            args = [a.value for a in iterable.args if a.keyword is None and not a.star]
+            if name in _PASS_ITEMS | {"enumerate", "zip"} and args and (self.qualname(iterable.func) or "").split(".")[0] in ("", "tqdm", "rich"):
+                return self.source_of(args[0], order, scope, depth + 1)
+            site = self._call_by_node.get(id(iterable))
+            if site is not None and site.qualname is None:
+                for callee in self.callee_scopes(site):
+                    for yielded in self.yields.get(id(callee), ()):
+                        if yielded.kind == "yield from" and yielded.value is not None:
+                            return self.source_of(yielded.value, yielded.order, yielded.scope, depth + 1)
+                        loop = next((f for f in reversed(self._loops_around(yielded)) if f.iter is not None), None)
+                        if loop is not None:
+                            return self.source_of(loop.iter, loop.order, loop.scope, depth + 1)
+        return iterable
+
+    def _loops_around(self, site) -> list:
+        return [loop for loop in self.loops if loop.scope is site.scope and loop.order < site.order < loop.end_order]
+
+    def _param_argument(self, binding: "Binding"):
+        """(the argument, order, scope) the first call of the function passes for parameter ``binding``."""
+        function, param = binding.scope, binding.target
+        if not isinstance(function.node, cst.FunctionDef) or not isinstance(param, cst.Param):
+            return None
+        params = [*function.node.params.posonly_params, *function.node.params.params]
+        position = next((i for i, p in enumerate(params) if p is param), None)
+        if position is not None and function.parent is not None and function.parent.kind == "class":
+            position -= 1
+        for site in self.call_sites_of(function):
+            arg = call_arg(site.node, position if position is not None and position >= 0 else None, param.name.value)
+            if arg is not None:
+                return arg, site.order, site.scope
+        return None
+
     def item_of(self, iterable: cst.CSTNode, order: int, scope: "Scope", path: tuple[int, ...]) -> Value:
         """What ``for <target> in iterable`` binds at ``path`` inside the target."""
         key = name_key(iterable)
@@ -423,7 +488,10 @@ class ExpressionValues:
                 if index >= len(items) or isinstance(items[index], cst.StarredElement):
                     return UNKNOWN
                 order, scope = value.traits["at"]
+                prepared = value.traits.get(TRAIT_PREPARED)
                 value = self.value(items[index], order, scope)
+                if prepared is not None:
+                    value = Value(value.kind, items[index], {TRAIT_PREPARED: prepared}, base=value)
             elif value.kind == BATCH:
                 value = _tensor(value.node, batch_item=value)
             elif value.kind in (TENSOR, MODEL_OUTPUT):

@@ -406,10 +406,13 @@ class FileFacts(ExpressionValues):
                 if base.kind == "unknown":
                     return UNKNOWN  # a tensor, a module, a batch: ``.to()`` says nothing about which
                 return Value(base.kind, call, base=base)
-            if method in ("prepare", "prepare_model") and len(call.args) == 1:
-                if self.value(receiver, order, scope).kind == "accelerator":
+            if method in ("prepare", "prepare_model") and self.value(receiver, order, scope).kind == "accelerator":
+                if len(call.args) == 1:
                     inner = self.value(call.args[0].value, order, scope)
                     return Value(inner.kind, call, {TRAIT_PREPARED: site}, base=inner)
+                # Several objects: a tuple whose items come back prepared (see ``element``).
+                items = tuple(a.value for a in call.args if a.keyword is None and not a.star)
+                return Value("tuple", call, {"items": items, "at": (order, scope), TRAIT_PREPARED: site})
         return self._evaluate_other_call(call, q, order, scope, site)
 
     def _loaded_model(self, call, owner, method, order, scope, context) -> Value:
