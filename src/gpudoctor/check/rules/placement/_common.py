@@ -387,6 +387,13 @@ def placement(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: 
             return "dispatched" if device_map.maybe_dispatched else "placed"
         if is_module_constructor(facts, node):
             return "unplaced"
+        site = facts.call_site(node)
+        if site is not None and site.qualname is None:  # the file's own helper: what it returns
+            for callee in facts.callee_scopes(site):
+                for ret in facts.returns.get(id(callee), ()):
+                    found = placement(facts, ret.value, ret.order, ret.scope, depth + 1)
+                    if found is not None:
+                        return found
         return None
     binding = facts.assignment_of(node, order, scope)
     if binding is None:
