@@ -382,7 +382,7 @@ class ExpressionValues:
                 if name in _PASS_ITEMS | {"enumerate", "zip"}:
                     return self.source_of(binding.value, binding.order, binding.scope, depth + 1)
             if binding is not None and binding.kind == "param":
-                arg = self._param_argument(binding)
+                arg = self.param_argument(binding)
                 if arg is not None:
                     return self.source_of(*arg, depth + 1)
             return iterable
@@ -405,7 +405,7 @@ class ExpressionValues:
     def _loops_around(self, site) -> list:
         return [loop for loop in self.loops if loop.scope is site.scope and loop.order < site.order < loop.end_order]
 
-    def _param_argument(self, binding: "Binding"):
+    def param_argument(self, binding: "Binding"):
         """(the argument, order, scope) the first call of the function passes for parameter ``binding``."""
         function, param = binding.scope, binding.target
         if not isinstance(function.node, cst.FunctionDef) or not isinstance(param, cst.Param):
