@@ -65,6 +65,33 @@ def creation_qualname(facts: FileFacts, call: cst.CSTNode) -> Optional[str]:
     return q
 
 
+def cpu_tensor(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0) -> Optional[str]:
+    """The ``torch.*`` creation behind a tensor expression made on the CPU: ``torch.ones(n)``,
+    ``1 - torch.eye(n)``, ``(torch.arange(n) * 2).float()``, a local bound to one; None otherwise."""
+    if node is None or depth > 6:
+        return None
+    q = creation_qualname(facts, node)
+    if q is not None:
+        return q
+    if isinstance(node, cst.BinaryOperation):
+        sides = [cpu_tensor(facts, side, order, scope, depth + 1) for side in (node.left, node.right)]
+        others_plain = all(
+            found is not None or _literal_number(side) or _plain_number_attribute(facts, side)
+            for found, side in zip(sides, (node.left, node.right))
+        )
+        return next((f for f in sides if f), None) if others_plain else None
+    if isinstance(node, cst.UnaryOperation):
+        return cpu_tensor(facts, node.expression, order, scope, depth + 1)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in SAME_DEVICE_METHODS:
+        if all(_literal_number(a.value) for a in node.args):
+            return cpu_tensor(facts, node.func.value, order, scope, depth + 1)
+        return None
+    binding = facts.assignment_of(node, order, scope)
+    if binding is not None and not binding.key.startswith("self."):
+        return cpu_tensor(facts, binding.value, binding.order, binding.scope, depth + 1)
+    return None
+
+
 def is_scalar_tensor(facts: FileFacts, call: cst.Call) -> bool:
     """``torch.tensor(2.0)``: a 0-dim CPU tensor mixes with CUDA tensors without error."""
     q = facts.qualname(call.func)

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import libcst as cst
+
 from gpudoctor.check.facts import FileFacts, string_value
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.placement._common import (
-    creation_qualname,
+    cpu_tensor,
     file_sets_default_device,
     is_scalar_tensor,
     method_scopes,
@@ -45,9 +47,11 @@ class TensorAttributeNotBuffer(Rule):
                 if len(init) != 1 or len(bindings) != 1 or key[5:] in buffers:
                     continue
                 binding = init[0]
-                if binding.kind != "assign" or creation_qualname(facts, binding.value) is None:
+                if binding.kind != "assign" or cpu_tensor(facts, binding.value, binding.order, binding.scope) is None:
                     continue
-                if is_scalar_tensor(facts, binding.value):
+                local = facts.assignment_of(binding.value, binding.order, binding.scope)  # through a temporary
+                made = local.value if local is not None else binding.value
+                if isinstance(made, cst.Call) and is_scalar_tensor(facts, made):
                     continue
                 use = None
                 for _, node, scope in facts.name_loads.get(key, ()):
