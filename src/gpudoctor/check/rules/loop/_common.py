@@ -9,7 +9,7 @@ from typing import Iterable, Optional
 import libcst as cst
 
 from gpudoctor.check import apis
-from gpudoctor.check.facts import CallSite, FileFacts, FunctionFrame, IfFrame, LoopFrame, Scope
+from gpudoctor.check.facts import CallSite, FileFacts, FunctionFrame, IfFrame, LoopFrame, Scope, name_key
 
 _OPTIMIZER_NAME = re.compile(r"(^|[._])(opt|optim|optimizer|optimiser)s?(_\w+)?$|optimizer", re.IGNORECASE)
 _SCHEDULER_NAME = re.compile(r"sched", re.IGNORECASE)
@@ -84,7 +84,19 @@ def is_optimizer_call(facts: FileFacts, site: CallSite) -> bool:
     if kind != "unknown":
         return False
     text = _receiver_text(site.receiver)
-    return bool(text and _OPTIMIZER_NAME.search(text)) and not _SCHEDULER_NAME.search(text)
+    if text and _OPTIMIZER_NAME.search(text) and not _SCHEDULER_NAME.search(text):
+        return True
+    return _steps_and_zeroes(facts, site)
+
+
+def _steps_and_zeroes(facts: FileFacts, site: CallSite) -> bool:
+    """An unknown object whose ``.step()`` and ``.zero_grad()`` are both called in one function is used as an
+    optimizer (a module has no ``step``, a scheduler no ``zero_grad``), whatever its name."""
+    key = name_key(site.receiver)
+    if key is None:
+        return False
+    methods = {c.method for c in facts._calls_on_key.get(key, ()) if c.scope is site.scope}
+    return {"step", "zero_grad"} <= methods
 
 
 def is_scheduler_call(facts: FileFacts, site: CallSite) -> bool:
