@@ -9,6 +9,7 @@ from gpudoctor.check.facts import (
     call_arg,
     is_true,
 )
+from gpudoctor.check import versions
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
@@ -40,10 +41,22 @@ def _quantized_load(value: Value):
     return None
 
 
+_MOVE_8BIT_MESSAGE = (
+    "ValueError: You need to install `pip install bitsandbytes>=0.48.0` if you want to move a 8-bit model across "
+    "devices using to()."
+)
+
+
+def _bnb_before_0_48() -> bool:
+    """The installed (or targeted) bitsandbytes is older than 0.48; unknown -> False (nothing to say)."""
+    version = versions.major_minor(versions.installed("bitsandbytes"))
+    return version is not None and version < (0, 48)
+
+
 class CastQuantizedModel(Rule):
     """``.half()``, ``.float()``, ``.to(dtype)`` on a bitsandbytes model, or ``.cuda()`` on an 8-bit one:
-    transformers refuses them. ``.to(device)`` is not flagged (4-bit is allowed; 8-bit needs
-    bitsandbytes >= 0.48, which the file cannot show)."""
+    transformers refuses them. ``.to(device)`` is flagged only for an 8-bit model when the installed (or
+    targeted) bitsandbytes is older than 0.48 (4-bit moves are allowed)."""
 
     code = "GD203"
     name = "cast-quantized-model"
@@ -70,8 +83,12 @@ class CastQuantizedModel(Rule):
             else:
                 moved = facts.value(site.node, site.order + 1, site.scope)
                 if "cast" not in moved.traits and call_arg(site.node, keyword="dtype") is None:
-                    continue  # .to(device)
-                message = _CAST_MESSAGE
+                    # .to(device): allowed for 4-bit; for 8-bit only refused by bitsandbytes < 0.48
+                    if bits != 8 or not _bnb_before_0_48():
+                        continue
+                    message = _MOVE_8BIT_MESSAGE + f" (bitsandbytes {versions.installed('bitsandbytes')})"
+                else:
+                    message = _CAST_MESSAGE
             kind = f"{bits}-bit" if bits else "bitsandbytes"
             yield self.report(
                 site.node,
