@@ -427,9 +427,9 @@ class ExpressionValues:
             binding = self.binding_at(key, order, scope)
             # ``it = iter(enumerate(loader))`` ... ``next(it)``: the items of what the name was made from.
             if binding is not None and binding.kind == "assign" and isinstance(binding.value, cst.Call):
-                name = (dotted(binding.value.func) or "").split(".")[-1]
-                if name in _PASS_ITEMS | {"enumerate", "zip"}:
-                    return self.item_of(binding.value, binding.order, binding.scope, path)
+                # ``it = iter(enumerate(loader))`` / ``it = batches(loader)`` ... ``next(it)``: the items of
+                # what the name was made from.
+                return self.item_of(binding.value, binding.order, binding.scope, path)
         if isinstance(iterable, cst.Call):
             func = iterable.func
             name = (dotted(func) or "").split(".")[-1]
