@@ -699,8 +699,10 @@ def split_temporaries(module: cst.Module) -> cst.Module:
 
 def _module_path(node: cst.CSTNode, imported: set[str]) -> bool:
     """``torch.nn.utils``: a module, not a value anyone would put in a variable."""
+    from gpudoctor.check.apis import WELL_KNOWN_NAMES
+
     path = dotted(node)
-    return path is not None and path.split(".")[0] in imported
+    return path is not None and (path.split(".")[0] in imported or path.split(".")[0] in WELL_KNOWN_NAMES)
 
 
 def _is_super(node: cst.CSTNode) -> bool:

@@ -377,7 +377,7 @@ class ExpressionValues:
         key = name_key(iterable)
         if key is not None:
             binding = self.binding_at(key, order, scope)
-            if binding is not None and binding.kind == "assign" and isinstance(binding.value, cst.Call):
+            if binding is not None and binding.kind == "assign" and isinstance(binding.value, (cst.Call, cst.Name)):
                 name = (dotted(binding.value.func) or "").split(".")[-1]
                 if name in _PASS_ITEMS | {"enumerate", "zip"}:
                     return self.source_of(binding.value, binding.order, binding.scope, depth + 1)
@@ -426,7 +426,7 @@ class ExpressionValues:
         if key is not None:
             binding = self.binding_at(key, order, scope)
             # ``it = iter(enumerate(loader))`` ... ``next(it)``: the items of what the name was made from.
-            if binding is not None and binding.kind == "assign" and isinstance(binding.value, cst.Call):
+            if binding is not None and binding.kind == "assign" and isinstance(binding.value, (cst.Call, cst.Name)):
                 # ``it = iter(enumerate(loader))`` / ``it = batches(loader)`` ... ``next(it)``: the items of
                 # what the name was made from.
                 return self.item_of(binding.value, binding.order, binding.scope, path)
