@@ -377,7 +377,11 @@ class ExpressionValues:
         key = name_key(iterable)
         if key is not None:
             binding = self.binding_at(key, order, scope)
-            if binding is not None and binding.kind == "assign" and isinstance(binding.value, (cst.Call, cst.Name)):
+            if binding is not None and binding.kind == "assign" and isinstance(binding.value, cst.Name):
+                # ``it = tmp`` where ``tmp = iter(loader)``: follow; a plain alias of a loader stays as written.
+                found = self.source_of(binding.value, binding.order, binding.scope, depth + 1)
+                return iterable if found is binding.value else found
+            if binding is not None and binding.kind == "assign" and isinstance(binding.value, cst.Call):
                 name = (dotted(binding.value.func) or "").split(".")[-1]
                 if name in _PASS_ITEMS | {"enumerate", "zip"}:
                     return self.source_of(binding.value, binding.order, binding.scope, depth + 1)
