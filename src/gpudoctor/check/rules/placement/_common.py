@@ -422,6 +422,11 @@ def placement(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: 
                     if found is not None:
                         return found
         return None
+    key = name_key(node)
+    param = facts.binding_at(key, order, scope) if key is not None else None
+    if param is not None and param.kind == "param":  # handed in: where the caller's argument is
+        passed = facts.param_argument(param)
+        return placement(facts, *passed, depth + 1) if passed is not None else None
     binding = facts.assignment_of(node, order, scope)
     if binding is None:
         return None
