@@ -124,13 +124,17 @@ class ExpressionValues:
         return found
 
     def built_by(self, node: Optional[cst.CSTNode], order: int, scope: "Scope", depth: int = 0) -> Optional[cst.Call]:
-        """The library call an expression was built by, through names, temporaries and the file's own
-        helpers (``config = make_config()`` ... ``def make_config(): return LoraConfig(...)``)."""
+        """The library call an expression was built by, through names, temporaries, parameters (the first call
+        that passes one) and the file's own helpers (``config = make_config()`` ... ``def make_config():
+        return LoraConfig(...)``)."""
         if node is None or depth > 8:
             return None
         key = name_key(node)
         if key is not None:
             binding = self.binding_at(key, order, scope)
+            if binding is not None and binding.kind == "param":  # what the caller passes
+                passed = self.param_argument(binding)
+                return self.built_by(*passed, depth + 1) if passed is not None else None
             if binding is None or binding.kind != "assign" or binding.value is None:
                 return None
             return self.built_by(binding.value, binding.order, binding.scope, depth + 1)
