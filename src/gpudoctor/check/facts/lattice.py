@@ -332,32 +332,37 @@ class ExpressionValues:
     def _param_value(self, binding: "Binding") -> Value:
         """A parameter is what the file's calls pass to it (the first call that passes something known),
         else its default."""
-        function = binding.scope
+        for arg, order, scope in self._param_arguments(binding):
+            value = self.value(arg, order, scope)
+            if value.kind != "unknown":
+                return value
         param = binding.target
+        if isinstance(param, cst.Param) and param.default is not None:
+            return self.value(param.default, binding.order, binding.scope)
+        return UNKNOWN
+
+    def param_argument(self, binding: "Binding"):
+        """(the argument, order, scope) the first call of the function passes for parameter ``binding``."""
+        return next(self._param_arguments(binding), None)
+
+    def _param_arguments(self, binding: "Binding"):
+        """(argument, order, scope) for each call of the file that passes parameter ``binding``."""
+        function, param = binding.scope, binding.target
         if not isinstance(function.node, cst.FunctionDef) or not isinstance(param, cst.Param):
-            return UNKNOWN
+            return
         params = [*function.node.params.posonly_params, *function.node.params.params]
-        try:
-            position = next(i for i, p in enumerate(params) if p is param)
-        except StopIteration:
-            position = None  # keyword-only or *args
+        position = next((i for i, p in enumerate(params) if p is param), None)  # None: keyword-only, *args
         is_method = function.parent is not None and function.parent.kind == "class" and "staticmethod" not in (
             d.split(".")[-1] for d in function.decorators
         )
         if is_method and position is not None:
             position -= 1
             if position < 0:
-                return UNKNOWN  # self / cls
+                return  # self / cls
         for site in self.call_sites_of(function):
             arg = call_arg(site.node, position, param.name.value)
-            if arg is None:
-                continue
-            value = self.value(arg, site.order, site.scope)
-            if value.kind != "unknown":
-                return value
-        if param.default is not None:
-            return self.value(param.default, binding.order, binding.scope)
-        return UNKNOWN
+            if arg is not None:
+                yield arg, site.order, site.scope
 
     def iterated(self, loop) -> Optional[tuple[cst.BaseExpression, cst.CSTNode]]:
         """(the collection a loop really iterates, the node that shows it): ``for b in tqdm(enumerate(dl))`` ->
@@ -412,21 +417,6 @@ class ExpressionValues:
 
     def _loops_around(self, site) -> list:
         return [loop for loop in self.loops if loop.scope is site.scope and loop.order < site.order < loop.end_order]
-
-    def param_argument(self, binding: "Binding"):
-        """(the argument, order, scope) the first call of the function passes for parameter ``binding``."""
-        function, param = binding.scope, binding.target
-        if not isinstance(function.node, cst.FunctionDef) or not isinstance(param, cst.Param):
-            return None
-        params = [*function.node.params.posonly_params, *function.node.params.params]
-        position = next((i for i, p in enumerate(params) if p is param), None)
-        if position is not None and function.parent is not None and function.parent.kind == "class":
-            position -= 1
-        for site in self.call_sites_of(function):
-            arg = call_arg(site.node, position if position is not None and position >= 0 else None, param.name.value)
-            if arg is not None:
-                return arg, site.order, site.scope
-        return None
 
     def item_of(self, iterable: cst.CSTNode, order: int, scope: "Scope", path: tuple[int, ...]) -> Value:
         """What ``for <target> in iterable`` binds at ``path`` inside the target."""

@@ -130,16 +130,6 @@ def is_backward(facts: FileFacts, site: CallSite) -> bool:
 # -------------------------------------------------------------------- helper functions
 
 
-def local_functions(facts: FileFacts) -> dict[str, list[Scope]]:
-    cached = getattr(facts, "_gd4_functions", None)
-    if cached is None:
-        cached = {}
-        for scope in facts.functions:
-            cached.setdefault(scope.name, []).append(scope)
-        facts._gd4_functions = cached
-    return cached
-
-
 def calls_in_function(facts: FileFacts, scope: Scope) -> list[CallSite]:
     index = getattr(facts, "_gd4_calls_by_function", None)
     if index is None:
@@ -150,17 +140,6 @@ def calls_in_function(facts: FileFacts, scope: Scope) -> list[CallSite]:
                     index.setdefault(id(frame.scope), []).append(site)
         facts._gd4_calls_by_function = index
     return index.get(id(scope), [])
-
-
-def callee_scopes(facts: FileFacts, site: CallSite) -> list[Scope]:
-    """The file's own functions a call may run: ``helper(...)``, ``self.helper(...)``."""
-    functions = local_functions(facts)
-    func = site.node.func
-    if isinstance(func, cst.Name) and site.qualname is None:
-        return [s for s in functions.get(func.value, ()) if s.class_name is None or s.parent is facts.module_scope]
-    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
-        return [s for s in functions.get(func.attr.value, ()) if s.class_name and s.class_name == site.scope.class_name]
-    return []
 
 
 def reach(facts: FileFacts, loop: LoopFrame, depth: int = 2) -> list[tuple[CallSite, Optional[CallSite]]]:
@@ -177,7 +156,7 @@ def reach(facts: FileFacts, loop: LoopFrame, depth: int = 2) -> list[tuple[CallS
 def _descend(facts, site, via, depth, out, seen) -> None:
     if depth <= 0:
         return
-    for scope in callee_scopes(facts, site):
+    for scope in facts.callee_scopes(site):
         if id(scope) in seen:
             continue
         seen.add(id(scope))

@@ -128,36 +128,9 @@ def class_defs(facts: FileFacts) -> Iterator[cst.ClassDef]:
             stack.extend(body.body if isinstance(body, cst.IndentedBlock) else ())
 
 
-_MODULE_BASES = ("torch.nn.Module",)
-
-
 def module_classes(facts: FileFacts) -> dict[str, cst.ClassDef]:
     """Classes of the file that are ``nn.Module`` subclasses (directly, through HF models, or a local base)."""
-    cached = getattr(facts, "_gd6_module_classes", None)
-    if cached is not None:
-        return cached
-    classes = {c.name.value: c for c in class_defs(facts)}
-    found: dict[str, cst.ClassDef] = {}
-    changed = True
-    while changed:
-        changed = False
-        for name, node in classes.items():
-            if name in found:
-                continue
-            for base in node.bases:
-                q = facts.qualname(base.value)
-                local = name_key(base.value)
-                if (
-                    q in _MODULE_BASES
-                    or (q and q.startswith("torch.nn.") and q.split(".")[-1] in ("Sequential", "ModuleList", "ModuleDict"))
-                    or (q and q.split(".")[0] == "transformers" and (q.endswith("PreTrainedModel") or apis.is_model_class(q.split(".")[-1])))
-                    or (local in found)
-                ):
-                    found[name] = node
-                    changed = True
-                    break
-    facts._gd6_module_classes = found
-    return found
+    return {name: scope.node for name, scope in facts.classes.items() if facts.is_module_class(name)}
 
 
 def method_scopes(facts: FileFacts, class_name: str) -> list[Scope]:
