@@ -331,3 +331,15 @@ def test_flow_order_is_respected():
     )
     assert kind_at(facts, "probe") == "tensor"
     assert kind_at(facts, "probe2") == "unknown"
+
+
+def test_snippets_pass_the_prefilter_and_say_what_they_assumed():
+    from gpudoctor.check.engine import check_source, is_relevant
+    from gpudoctor.check.registry import all_rules
+
+    snippet = b'model = AutoModelForCausalLM.from_pretrained("x", device_map="auto")\nmodel.to("cuda")\n'
+    assert is_relevant(snippet)
+    assert is_relevant(b"x = torch.ones(3)\n")
+    assert not is_relevant(b"import os\nnn = 3\nprint(Adam)\n")  # generic names alone do not count
+    [finding] = check_source(snippet.decode(), "cell.py", rules=all_rules())
+    assert finding.code == "GD110" and "Assumed `AutoModelForCausalLM` as `transformers.AutoModelForCausalLM`" in finding.message

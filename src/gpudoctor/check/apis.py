@@ -182,11 +182,11 @@ WELL_KNOWN_NAMES = {
 }
 
 # The prefilter for files that import none of the libraries: a snippet still counts when it uses ``torch.``
-# or calls one of the distinctive well-known names (generic ones such as ``nn``/``F``/``Adam`` are not
-# enough on their own).
+# or calls (or reads an attribute of) one of the distinctive well-known names; generic ones such as
+# ``nn``/``F``/``Adam`` are not enough on their own.
 _SNIPPET_NAMES = sorted(
     (n for n in WELL_KNOWN_NAMES if len(n) > 6 and n not in ("Dataset", "Trainer")), key=len, reverse=True
 )
 SNIPPET_USE = re.compile(
-    rb"\btorch\.[a-z]|(?<![\w.])(?:" + "|".join(_SNIPPET_NAMES).encode() + rb")\s*\("
+    rb"\btorch\.[a-z]|(?<![\w.])(?:" + "|".join(_SNIPPET_NAMES).encode() + rb")\s*[(.]"
 )
