@@ -983,6 +983,13 @@ def summary(outcomes: Sequence[Outcome]) -> str:
     kept = sum(k for k, _ in per_rule(outcomes).values())
     total = sum(t for _, t in per_rule(outcomes).values())
     lines.append(f"all    {kept:4d}/{total:<4d}      {kept / max(total, 1):5.0%}")
+    by_transform: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for outcome in outcomes:
+        by_transform[outcome.transform][0] += sum(outcome.kept.values())
+        by_transform[outcome.transform][1] += sum(outcome.kept.values()) + sum(outcome.lost.values())
+    lines.append("by transformation: " + ", ".join(
+        f"{name} {k}/{t}" for name, (k, t) in sorted(by_transform.items()) if t
+    ))
     noisy_clean = [o for o in outcomes if o.clean and o.extra]
     extras = sum(len(o.extra) for o in outcomes if not o.clean)
     lines.append(f"clean-fixture variants with findings: {len(noisy_clean)} of {sum(1 for o in outcomes if o.clean)}; "
