@@ -143,3 +143,203 @@ def test_launch_hints_need_real_evidence_of_several_processes():
     assert facts_of("n = accelerator.num_processes\n").launch_hints == []  # read for logging, one process too
     assert facts_of("# run: accelerate launch --num_processes 2 train.py\n").launch_hints == ["accelerate launch", "num_processes"]
     assert facts_of("import os\nrank = int(os.environ['LOCAL_RANK'])\n").launch_hints == ["LOCAL_RANK"]
+
+
+# -- the type lattice (facts/lattice.py) ---------------------------------------------------------
+
+
+def kind_at(facts, name: str, arg: int = 0) -> str:
+    return value_at_call(facts, name, arg).kind
+
+
+def test_tensors_through_expressions():
+    facts = facts_of(
+        """
+        import torch
+
+        n = 4
+        mask = 1 - torch.eye(n)
+        scaled = (mask * 2).float().to("cuda")[0]
+        count = len([1, 2])
+        probe(mask, scaled, count, -mask)
+        """
+    )
+    assert [kind_at(facts, "probe", i) for i in range(4)] == ["tensor", "tensor", "unknown", "tensor"]
+
+
+def test_batches_and_items_through_loops():
+    facts = facts_of(
+        """
+        from torch.utils.data import DataLoader
+        from tqdm import tqdm
+
+        loader = DataLoader(ds, batch_size=8, collate_fn=collate)
+        for step, (images, labels) in enumerate(tqdm(loader)):
+            probe(images, labels, step)
+        for batch, _ in zip(loader, range(10)):
+            probe2(batch, batch["x"])
+        it = iter(loader)
+        first = next(it)
+        probe3(first, {k: v for k, v in first.items()})
+        for k, v in first.items():
+            probe4(v)
+        """
+    )
+    assert [kind_at(facts, "probe", i) for i in range(3)] == ["tensor", "tensor", "unknown"]
+    assert [kind_at(facts, "probe2", i) for i in range(2)] == ["batch", "tensor"]
+    assert kind_at(facts, "probe3") == "batch"
+    assert kind_at(facts, "probe4") == "tensor"
+
+
+def test_generators_of_the_file_yield_what_they_iterate():
+    facts = facts_of(
+        """
+        from torch.utils.data import DataLoader
+
+        def forever(dl):
+            while True:
+                for b in dl:
+                    yield b
+
+        def chained(dl):
+            yield from dl
+
+        loader = DataLoader(ds)
+        for batch in forever(loader):
+            probe(batch)
+        for batch in chained(loader):
+            probe2(batch)
+        """
+    )
+    assert kind_at(facts, "probe") == "batch"
+    assert kind_at(facts, "probe2") == "batch"
+
+
+def test_returns_and_parameters_of_the_files_functions():
+    facts = facts_of(
+        """
+        import torch
+        from accelerate import Accelerator
+        from transformers import AutoModelForCausalLM
+
+        def build(path):
+            net = AutoModelForCausalLM.from_pretrained(path, device_map="auto")
+            opt = torch.optim.AdamW(net.parameters())
+            return net, opt
+
+        def train(model, accelerator):
+            model = accelerator.prepare(model)
+            probe(model)
+
+        def main():
+            model, optimizer = build("x")
+            probe2(model, optimizer)
+            train(model, Accelerator())
+
+        main()
+        """
+    )
+    prepared = value_at_call(facts, "probe")
+    assert prepared.kind == "model" and prepared.has(TRAIT_PREPARED) and prepared.has(TRAIT_DISPATCHED)
+    assert [kind_at(facts, "probe2", i) for i in range(2)] == ["model", "optimizer"]
+
+
+def test_attributes_stored_in_one_method_used_in_another():
+    facts = facts_of(
+        """
+        import torch
+        import torch.nn as nn
+
+        class Net(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.mask = 1 - torch.eye(n)
+                self.head = nn.Linear(n, n)
+
+            def forward(self, x):
+                return probe(self.mask, self.head, self.head(x))
+
+        class Runner:
+            def __init__(self, model):
+                self.model = model
+
+            def run(self):
+                probe2(self.model)
+
+        Runner(Net(3)).run()
+        """
+    )
+    assert [kind_at(facts, "probe", i) for i in range(3)] == ["tensor", "model", "model_output"]
+    assert kind_at(facts, "probe2") == "model"
+
+
+def test_devices_through_variables():
+    facts = facts_of(
+        """
+        import os
+        import torch
+        from accelerate import Accelerator
+
+        rank = int(os.environ["LOCAL_RANK"])
+        dev = torch.device(f"cuda:{rank}")
+        local = f"cuda:{rank}"
+        accelerator = Accelerator()
+        fallback = "cuda" if torch.cuda.is_available() else "cpu"
+        probe(dev, local, accelerator.device, fallback, rank)
+        """
+    )
+    assert [kind_at(facts, "probe", i) for i in range(5)] == ["device", "device", "device", "device", "unknown"]
+
+
+def test_unbound_well_known_names_are_read_as_their_library():
+    facts = facts_of(
+        """
+        model = AutoModelForCausalLM.from_pretrained("x", device_map="auto")
+        accelerator = Accelerator()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        probe(model, accelerator)
+        """
+    )
+    assert [kind_at(facts, "probe", i) for i in range(2)] == ["model", "accelerator"]
+    assert facts.calls_to("torch.nn.utils.clip_grad_norm_")
+    assert "Accelerator" in facts.assumption_note and "AutoModelForCausalLM" in facts.assumption_note
+
+
+def test_a_bound_name_is_never_read_as_a_library():
+    facts = facts_of(
+        """
+        def Accelerator():
+            return object()
+
+        accelerator = Accelerator()
+        probe(accelerator)
+        """
+    )
+    assert kind_at(facts, "probe") == "unknown"
+    assert facts.assumption_note == ""
+
+
+def test_flow_order_is_respected():
+    facts = facts_of(
+        """
+        import torch
+        x = torch.ones(3)
+        probe(x)
+        x = load_something()
+        probe2(x)
+        """
+    )
+    assert kind_at(facts, "probe") == "tensor"
+    assert kind_at(facts, "probe2") == "unknown"
+
+
+def test_snippets_pass_the_prefilter_and_say_what_they_assumed():
+    from gpudoctor.check.engine import check_source, is_relevant
+    from gpudoctor.check.registry import all_rules
+
+    snippet = b'model = AutoModelForCausalLM.from_pretrained("x", device_map="auto")\nmodel.to("cuda")\n'
+    assert is_relevant(snippet)
+    assert is_relevant(b"x = torch.ones(3)\n")
+    assert not is_relevant(b"import os\nnn = 3\nprint(Adam)\n")  # generic names alone do not count
+    [finding] = check_source(snippet.decode(), "cell.py", rules=all_rules())
+    assert finding.code == "GD110" and "Assumed `AutoModelForCausalLM` as `transformers.AutoModelForCausalLM`" in finding.message

@@ -35,3 +35,33 @@ def test_checkpoint_dtype_in_transformers_5() -> None:
     [finding] = _findings("5.24.0")
     assert "4 x 2 B/param" in finding.message and 'dtype="auto"' in finding.message
     assert "~104 GB" in finding.message
+
+
+# GD203: moving an 8-bit model with .to(device) is refused only by bitsandbytes < 0.48 (4-bit always moves).
+MOVE_SOURCE = '''import torch
+from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+dev = torch.device("cuda:0")
+q8 = BitsAndBytesConfig(load_in_8bit=True)
+model = AutoModelForCausalLM.from_pretrained("m", quantization_config=q8)
+model.to(dev)
+model4 = AutoModelForCausalLM.from_pretrained("m", load_in_4bit=True)
+model4.to(dev)
+'''
+
+
+def _move_findings(bnb: str | None):
+    versions.set_targets({"bitsandbytes": bnb} if bnb else {})
+    try:
+        return check_source(MOVE_SOURCE, "x.py", rules=[rule_by_code("GD203")])
+    finally:
+        versions.set_targets({})
+
+
+def test_8bit_move_refused_by_old_bitsandbytes() -> None:
+    [finding] = _move_findings("0.45.5")
+    assert finding.line == 7 and "bitsandbytes>=0.48.0" in finding.message and "0.45.5" in finding.message
+
+
+def test_8bit_move_allowed_by_new_bitsandbytes() -> None:
+    assert _move_findings("0.48.2") == []

@@ -131,3 +131,62 @@ def is_causal_lm_class(name: str) -> bool:
 
 def is_seq2seq_class(name: str) -> bool:
     return "Seq2Seq" in name or name.endswith("ForConditionalGeneration")
+
+
+# Names a snippet (a notebook cell, a forum post, a star import) uses without importing them: an unbound
+# name from this table is read as the library object it names, and findings say so.
+WELL_KNOWN_NAMES = {
+    "torch": "torch",
+    "nn": "torch.nn",
+    "F": "torch.nn.functional",
+    "optim": "torch.optim",
+    "DataLoader": "torch.utils.data.DataLoader",
+    "Dataset": "torch.utils.data.Dataset",
+    "DistributedSampler": "torch.utils.data.DistributedSampler",
+    "DataParallel": "torch.nn.DataParallel",
+    "DistributedDataParallel": "torch.nn.parallel.DistributedDataParallel",
+    "DDP": "torch.nn.parallel.DistributedDataParallel",
+    "clip_grad_norm_": "torch.nn.utils.clip_grad_norm_",
+    "AdamW": "torch.optim.AdamW",
+    "Adam": "torch.optim.Adam",
+    "SGD": "torch.optim.SGD",
+    "Accelerator": "accelerate.Accelerator",
+    "PartialState": "accelerate.PartialState",
+    "init_empty_weights": "accelerate.init_empty_weights",
+    "load_checkpoint_and_dispatch": "accelerate.load_checkpoint_and_dispatch",
+    "dispatch_model": "accelerate.dispatch_model",
+    "infer_auto_device_map": "accelerate.infer_auto_device_map",
+    "get_peft_model": "peft.get_peft_model",
+    "prepare_model_for_kbit_training": "peft.prepare_model_for_kbit_training",
+    "LoraConfig": "peft.LoraConfig",
+    "PeftModel": "peft.PeftModel",
+    "TaskType": "peft.TaskType",
+    "AutoModel": "transformers.AutoModel",
+    "AutoModelForCausalLM": "transformers.AutoModelForCausalLM",
+    "AutoModelForSeq2SeqLM": "transformers.AutoModelForSeq2SeqLM",
+    "AutoModelForSequenceClassification": "transformers.AutoModelForSequenceClassification",
+    "AutoTokenizer": "transformers.AutoTokenizer",
+    "AutoConfig": "transformers.AutoConfig",
+    "BitsAndBytesConfig": "transformers.BitsAndBytesConfig",
+    "Trainer": "transformers.Trainer",
+    "TrainingArguments": "transformers.TrainingArguments",
+    "Seq2SeqTrainer": "transformers.Seq2SeqTrainer",
+    "Seq2SeqTrainingArguments": "transformers.Seq2SeqTrainingArguments",
+    "DataCollatorForLanguageModeling": "transformers.DataCollatorForLanguageModeling",
+    "DataCollatorForSeq2Seq": "transformers.DataCollatorForSeq2Seq",
+    "get_scheduler": "transformers.get_scheduler",
+    "get_linear_schedule_with_warmup": "transformers.get_linear_schedule_with_warmup",
+    "get_cosine_schedule_with_warmup": "transformers.get_cosine_schedule_with_warmup",
+    "SFTTrainer": "trl.SFTTrainer",
+    "SFTConfig": "trl.SFTConfig",
+}
+
+# The prefilter for files that import none of the libraries: a snippet still counts when it uses ``torch.``
+# or calls (or reads an attribute of) one of the distinctive well-known names; generic ones such as
+# ``nn``/``F``/``Adam`` are not enough on their own.
+_SNIPPET_NAMES = sorted(
+    (n for n in WELL_KNOWN_NAMES if len(n) > 6 and n not in ("Dataset", "Trainer")), key=len, reverse=True
+)
+SNIPPET_USE = re.compile(
+    rb"\btorch\.[a-z]|(?<![\w.])(?:" + "|".join(_SNIPPET_NAMES).encode() + rb")\s*[(.]"
+)

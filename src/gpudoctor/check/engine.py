@@ -115,7 +115,9 @@ def decode_source(data: bytes) -> str:
 
 
 def is_relevant(data: bytes) -> bool:
-    return _RELEVANT.search(data) is not None
+    from gpudoctor.check.apis import SNIPPET_USE  # snippets use the libraries without importing them
+
+    return _RELEVANT.search(data) is not None or SNIPPET_USE.search(data) is not None
 
 
 # --------------------------------------------------------------------------------------------
@@ -204,7 +206,7 @@ def check_source(
             code=rule_class.code,
             name=rule_class.name,
             severity=report.severity or rule_class.severity,
-            message=report.message,
+            message=report.message + facts.assumption_note,
             path=path,
             line=span.start.line,
             column=span.start.column + 1,

@@ -21,6 +21,7 @@ from gpudoctor.check.facts.records import (
     FunctionFrame,
     IfFrame,
     LoopFrame,
+    ReturnSite,
     Scope,
     SubscriptAssignSite,
     WithFrame,
@@ -72,6 +73,13 @@ class _Collector:
             cst.Dict: self.on_dict,
             cst.SimpleStatementLine: self.on_statement,
             cst.Expr: self.on_expr,
+            cst.Return: self.on_return,
+            cst.CompFor: self.on_comp_for,
+            cst.ListComp: self.on_comprehension,
+            cst.SetComp: self.on_comprehension,
+            cst.GeneratorExp: self.on_comprehension,
+            cst.DictComp: self.on_comprehension,
+            cst.Yield: self.on_yield,
         }
 
     # -- traversal
@@ -96,25 +104,26 @@ class _Collector:
         self.order += 1
         return self.order
 
-    def bind(self, key: str, target, value, kind="assign", index=None) -> None:
-        binding = Binding(key, self.tick(), self.scope, target, value, kind, index, tuple(self.frames))
+    def bind(self, key: str, target, value, kind="assign", index=None, path=()) -> None:
+        binding = Binding(key, self.tick(), self.scope, target, value, kind, index, tuple(self.frames), path)
         self.scope.bindings.setdefault(key, []).append(binding)
+        self.facts._bound_names.add(key)
         if key.startswith("self.") and self.scope.class_name:
             self.facts.class_attrs.setdefault(self.scope.class_name, {}).setdefault(key, []).append(binding)
         if value is not None:
             self.facts._bindings_by_value.setdefault(id(value), []).append(binding)
 
-    def bind_target(self, target: cst.BaseExpression, value, kind="assign", index=None) -> None:
+    def bind_target(self, target: cst.BaseExpression, value, kind="assign", index=None, path=()) -> None:
         key = name_key(target)
         if key is not None:
-            self.bind(key, target, value, kind, index)
+            self.bind(key, target, value, kind, index, path)
             return
         if isinstance(target, (cst.Tuple, cst.List)):
             for i, element in enumerate(target.elements):
                 inner = element.value
                 if isinstance(inner, cst.StarredElement):
                     continue
-                self.bind_target(inner, value, "unpack" if kind == "assign" else kind, i)
+                self.bind_target(inner, value, "unpack" if kind == "assign" else kind, i, (*path, i))
             return
         # Subscript and other attribute targets: their parts are loads.
         self.walk(target)
@@ -131,6 +140,43 @@ class _Collector:
         if isinstance(node.value, cst.Call):
             self._statement_call = node.value
         return None
+
+    def on_comprehension(self, node):
+        # In execution order: the iteration binds the targets before the element is computed.
+        self.walk(node.for_in)
+        if isinstance(node, cst.DictComp):
+            self.walk(node.key)
+            self.walk(node.value)
+        else:
+            self.walk(node.elt)
+        return False
+
+    def on_comp_for(self, node: cst.CompFor):
+        # ``for k, v in batch.items()`` inside a comprehension: bound in the enclosing scope's namespace
+        # (a simplification: comprehension variables do not leak in Python 3, but names rarely clash).
+        self.walk(node.iter)
+        self.bind_target(node.target, node.iter, "for")
+        for condition in node.ifs:
+            self.walk(condition)
+        if node.inner_for_in is not None:
+            self.walk(node.inner_for_in)
+        return False
+
+    def on_return(self, node: cst.Return):
+        if node.value is not None:
+            self.walk(node.value)
+        self.facts.returns.setdefault(id(self.scope), []).append(ReturnSite(node, self.tick(), self.scope, node.value))
+        return False
+
+    def on_yield(self, node: cst.Yield):
+        value = node.value
+        kind = "yield"
+        if isinstance(value, cst.From):
+            value, kind = value.item, "yield from"
+        if value is not None:
+            self.walk(value)
+        self.facts.yields.setdefault(id(self.scope), []).append(ReturnSite(node, self.tick(), self.scope, value, kind))
+        return False
 
     def on_import(self, node: cst.Import):
         for alias in node.names:
@@ -180,6 +226,7 @@ class _Collector:
             self.walk(base.value)
         self.bind(node.name.value, node, None, "def")
         scope = Scope("class", node.name.value, node, self.scope, node.name.value)
+        self.facts.classes.setdefault(node.name.value, scope)
         outer = self.scope
         self.scope = scope
         self.walk(node.body)
@@ -197,7 +244,7 @@ class _Collector:
         return False
 
     def _loop(self, node: Union[cst.For, cst.While], iterated, bind_target) -> None:
-        frame = LoopFrame(node, self.tick(), iterated)
+        frame = LoopFrame(node, self.tick(), iterated, scope=self.scope)
         self.facts.loops.append(frame)
         self.frames.append(frame)
         bind_target()

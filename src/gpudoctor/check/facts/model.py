@@ -8,6 +8,7 @@ from typing import Any, Iterator, Optional
 import libcst as cst
 
 from gpudoctor.check import apis
+from gpudoctor.check.facts.lattice import ExpressionValues
 from gpudoctor.check.facts.nodes import (
     call_arg,
     dotted,
@@ -24,6 +25,7 @@ from gpudoctor.check.facts.records import (
     DictEntrySite,
     FunctionFrame,
     LoopFrame,
+    ReturnSite,
     Scope,
     SubscriptAssignSite,
     WithFrame,
@@ -61,7 +63,7 @@ _MEMORY_SHORT_HINT = re.compile(
 )
 
 
-class FileFacts:
+class FileFacts(ExpressionValues):
     """Facts about one module. Build with :func:`collect`."""
 
     def __init__(self, module: cst.Module, source: str, path: str = "<string>") -> None:
@@ -85,6 +87,14 @@ class FileFacts:
         self._value_cache: dict[tuple[int, int], Value] = {}
         self._evaluating: set[tuple[int, int]] = set()
         self._launch_hints: Optional[list[str]] = None
+        self.returns: dict[int, list[ReturnSite]] = {}  # id(function scope) -> its return statements
+        self.yields: dict[int, list[ReturnSite]] = {}
+        self.classes: dict[str, Scope] = {}
+        self._bound_names: set[str] = set()
+        # Well-known names used without an import (a snippet, a notebook cell): name -> what it was read as.
+        self.assumed_imports: dict[str, str] = {}
+        self._functions_by_name: Optional[dict[str, list[Scope]]] = None
+        self._module_classes: Optional[set[str]] = None
 
     # ---------------------------------------------------------------- questions for rules
 
@@ -93,6 +103,8 @@ class FileFacts:
             return None
         if isinstance(node, cst.Name):
             q = self.imports.get(node.value)
+            if q is None and node.value in apis.WELL_KNOWN_NAMES and node.value not in self._bound_names:
+                q = self.assumed_imports[node.value] = apis.WELL_KNOWN_NAMES[node.value]
             return apis.canonical(q) if q else None
         if isinstance(node, cst.Attribute):
             head = self.qualname(node.value)
@@ -100,6 +112,16 @@ class FileFacts:
         if isinstance(node, cst.Call):  # ``torch.no_grad()`` used as a context manager
             return None
         return None
+
+    @property
+    def assumption_note(self) -> str:
+        """For messages: the well-known names this file uses without importing them, as they were read."""
+        if not self.assumed_imports:
+            return ""
+        names = ", ".join(
+            f"`{name}`" if name == full else f"`{name}` as `{full}`" for name, full in sorted(self.assumed_imports.items())
+        )
+        return f" (Assumed {names}: used without an import, as in a snippet or notebook cell.)"
 
     def calls_to(self, *qualnames: str) -> list[CallSite]:
         out: list[CallSite] = []
@@ -296,20 +318,15 @@ class FileFacts:
             return self._apply_mutations(key, value, binding, order, scope)
         if isinstance(node, cst.Call):
             return self._evaluate_call(node, order, scope)
-        return UNKNOWN
+        return self._evaluate_expression(node, order, scope)
 
     def _value_of_binding(self, binding: Binding) -> Value:
+        if binding.kind == "param":
+            return self._param_value(binding)
         if binding.value is None:
             return UNKNOWN
         if binding.kind == "assign":
             return self.value(binding.value, binding.order, binding.scope)
-        if binding.kind == "unpack" and isinstance(binding.value, (cst.Tuple, cst.List)):
-            elements = binding.value.elements
-            if binding.index is not None and binding.index < len(elements):
-                element = elements[binding.index].value
-                if not isinstance(element, cst.StarredElement):
-                    return self.value(element, binding.order, binding.scope)
-            return UNKNOWN
         if binding.kind == "unpack" and isinstance(binding.value, cst.Call):
             site = self._call_by_node.get(id(binding.value))
             if site is not None and site.method in ("prepare",) and site.receiver is not None:
@@ -317,7 +334,7 @@ class FileFacts:
                     inner = site.arg(position=binding.index) if binding.index is not None else None
                     inner_value = self.value(inner, site.order, site.scope) if inner is not None else UNKNOWN
                     return Value(inner_value.kind, binding.target, {TRAIT_PREPARED: site}, base=inner_value)
-        return UNKNOWN
+        return self._flow_binding_value(binding)
 
     def _apply_mutations(self, key: str, value: Value, binding: Binding, order: int, scope: Scope) -> Value:
         for site in self._calls_on_key.get(key, ()):
@@ -357,12 +374,17 @@ class FileFacts:
                 return Value("model", call, {"wrapper": q}, base=base)
             if q in apis.DATALOADER:
                 return Value("dataloader", call)
+            if q in apis.GRAD_SCALER:
+                return Value("grad_scaler", call)
             if q in apis.TRAINERS:
                 return Value("trainer", call)
             if q in apis.TRAINING_ARGS:
                 return Value("training_args", call)
             if q in apis.INFER_DEVICE_MAP:
                 return Value("device_map", call)
+            if q == apis.BNB_CONFIG:
+                bits = 8 if is_true(call_arg(call, keyword="load_in_8bit")) else 4 if is_true(call_arg(call, keyword="load_in_4bit")) else 0
+                return Value("quantization_config", call, {"bits": bits})
             if apis.is_optimizer(q):
                 return Value("optimizer", call)
             if apis.is_scheduler(q):
@@ -381,12 +403,17 @@ class FileFacts:
                 base = self.value(receiver, order, scope)
                 if base.kind == "model" and site is not None:
                     return self._moved_or_cast(base, site)
-                return Value("tensor" if base.kind in ("unknown", "tensor") else base.kind, call, base=base)
-            if method in ("prepare", "prepare_model") and len(call.args) == 1:
-                if self.value(receiver, order, scope).kind == "accelerator":
+                if base.kind == "unknown":
+                    return UNKNOWN  # a tensor, a module, a batch: ``.to()`` says nothing about which
+                return Value(base.kind, call, base=base)
+            if method in ("prepare", "prepare_model") and self.value(receiver, order, scope).kind == "accelerator":
+                if len(call.args) == 1:
                     inner = self.value(call.args[0].value, order, scope)
                     return Value(inner.kind, call, {TRAIT_PREPARED: site}, base=inner)
-        return UNKNOWN
+                # Several objects: a tuple whose items come back prepared (see ``element``).
+                items = tuple(a.value for a in call.args if a.keyword is None and not a.star)
+                return Value("tuple", call, {"items": items, "at": (order, scope), TRAIT_PREPARED: site})
+        return self._evaluate_other_call(call, q, order, scope, site)
 
     def _loaded_model(self, call, owner, method, order, scope, context) -> Value:
         traits: dict[str, Any] = {}
@@ -406,14 +433,7 @@ class FileFacts:
         return Value("model", call, traits)
 
     def _is_bnb_config(self, node, order, scope) -> bool:
-        if isinstance(node, cst.Call):
-            return self.qualname(node.func) == apis.BNB_CONFIG
-        key = name_key(node)
-        if key:
-            binding = self.binding_at(key, order, scope)
-            if binding and isinstance(binding.value, cst.Call):
-                return self.qualname(binding.value.func) == apis.BNB_CONFIG
-        return False
+        return self.value(node, order, scope).kind == "quantization_config"
 
     def _placement_traits(self, call: cst.Call, device_map: Optional[DeviceMap]) -> dict[str, Any]:
         """What a loading/dispatching call's ``device_map`` says: the map, dispatch, offload evidence."""

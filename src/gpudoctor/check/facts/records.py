@@ -31,6 +31,18 @@ class Binding:
     kind: str = "assign"  # assign | unpack | for | with | param | augassign | import | def
     index: Optional[int] = None  # position in a tuple unpacking
     context: tuple = ()
+    path: tuple[int, ...] = ()  # positions in nested unpackings: ``for i, (x, y) in ...`` binds y at (1, 1)
+
+
+@dataclass(eq=False, repr=False)
+class ReturnSite:
+    """``return value`` or ``yield value`` in a function of the file."""
+
+    node: cst.CSTNode
+    order: int
+    scope: Scope
+    value: Optional[cst.BaseExpression]
+    kind: str = "return"  # "return" | "yield" | "yield from"
 
 
 @dataclass(eq=False, repr=False)
@@ -39,6 +51,7 @@ class LoopFrame:
     order: int
     iter: Optional[cst.BaseExpression]
     end_order: int = 0
+    scope: Optional[Scope] = None  # the scope the loop runs in
 
 
 @dataclass(eq=False, repr=False)

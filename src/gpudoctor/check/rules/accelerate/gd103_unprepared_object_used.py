@@ -4,7 +4,7 @@ from typing import Iterator
 
 import libcst as cst
 
-from gpudoctor.check.facts import TRAIT_PREPARED, Binding, CallSite, FileFacts, name_key, unwrap_iterable
+from gpudoctor.check.facts import TRAIT_PREPARED, Binding, CallSite, FileFacts, name_key
 from gpudoctor.check.queries import multi_process_severity, snippet
 from gpudoctor.check.rule import Rule
 
@@ -34,6 +34,12 @@ class UnpreparedObjectUsed(Rule):
     def check(self, facts: FileFacts):
         for site in facts.prepare_calls():
             outputs = [b for b in facts._bindings_of_value(site.node) if b.kind in ("unpack", "assign")]
+            # ``prepared = accelerator.prepare(a, b)`` then ``a2, b2 = prepared``: the unpacking is the output.
+            for held in [b for b in outputs if b.kind == "assign" and len(site.node.args) > 1]:
+                outputs += [
+                    b for bindings in held.scope.bindings.values() for b in bindings
+                    if b.kind == "unpack" and b.order > held.order and name_key(b.value) == held.key
+                ]
             for binding in outputs:
                 index = binding.index if binding.kind == "unpack" else 0
                 if binding.kind == "assign" and len(site.node.args) != 1:
@@ -92,11 +98,12 @@ class UnpreparedObjectUsed(Rule):
         """(node to report, stale key, inferred kind) for loader iterations and optimizer steps."""
         if kind in ("dataloader", "unknown"):
             for loop in facts.loops:
-                if loop.order <= after or loop.iter is None:
+                found = facts.iterated(loop)  # through tqdm/enumerate, iter()/next(), generators
+                if loop.order <= after or found is None:
                     continue
-                key = name_key(unwrap_iterable(loop.iter))
+                iterated = found[0]
+                key = name_key(iterated)
                 if key and self._loop_trains(facts, loop):
-                    iterated = unwrap_iterable(loop.iter)
                     yield iterated, iterated, key, "dataloader"
         if kind in ("optimizer", "unknown"):
             zeroed = {name_key(c.receiver) for c in facts.method_calls("zero_grad") if c.receiver is not None}

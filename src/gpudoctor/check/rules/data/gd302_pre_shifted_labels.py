@@ -31,7 +31,11 @@ class PreShiftedLabels(Rule):
             return
         for labels, inputs, where in self._candidates(facts):
             base = shifted_base(labels)
-            if base is None or not _IDS.search(code(facts, base)):
+            if base is None:
+                continue
+            # The token ids: named so, the very tensor given as ``input_ids=``, or bound to ``batch["input_ids"]``.
+            same_as_inputs = inputs is not None and code(facts, inputs) == code(facts, base)
+            if not (_IDS.search(code(facts, base)) or same_as_inputs or _bound_to_input_ids(facts, base)):
                 continue
             inputs_cut = inputs is not None and shifted_base(inputs, upper=True) is not None
             if inputs_cut and code(facts, shifted_base(inputs, upper=True)) != code(facts, base):
@@ -88,6 +92,16 @@ class PreShiftedLabels(Rule):
         if key is None:
             return False
         return facts.value(func, site.order, site.scope).kind == "model" or bool(_MODEL_NAME.search(key))
+
+
+def _bound_to_input_ids(facts: FileFacts, node: cst.BaseExpression) -> bool:
+    order, scope = facts._position_of(node)
+    binding = facts.assignment_of(node, order, scope)
+    value = binding.value if binding is not None else None
+    return (
+        isinstance(value, cst.Subscript) and len(value.slice) == 1 and isinstance(value.slice[0].slice, cst.Index)
+        and string_value(value.slice[0].slice.value) == "input_ids"
+    )
 
 
 def _sibling_input_ids(facts: FileFacts, site) -> Optional[cst.BaseExpression]:

@@ -71,6 +71,9 @@ class PadEosLmCollator(Rule):
         for site in assigns:
             wanted = _PAD_ATTRS.get(site.target.attr.value)
             value = site.value
+            held = facts.assignment_of(value, site.order, site.scope)  # eos = tok.eos_token; tok.pad_token = eos
+            if held is not None:
+                value = held.value
             if wanted and isinstance(value, cst.Attribute) and value.attr.value == wanted:
                 guarded = any(isinstance(f, IfFrame) and "pad_token" in facts.module.code_for_node(f.test) for f in site.context)
                 return site.node, guarded

@@ -92,10 +92,7 @@ class ArgmaxAsGeneration(Rule):
 
     def _forward(self, facts: FileFacts, node, order: int, scope: Scope) -> Optional[CallSite]:
         if name_key(node) is not None:
-            binding = facts.binding_at(name_key(node), order, scope)
-            if binding is None or binding.kind != "assign" or not isinstance(binding.value, cst.Call):
-                return None
-            node = binding.value
+            node = facts.built_by(node, order, scope)  # through names and temporaries
         if not isinstance(node, cst.Call):
             return None
         site = facts.call_site(node)

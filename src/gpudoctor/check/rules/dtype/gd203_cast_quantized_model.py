@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from gpudoctor.check import apis
 from gpudoctor.check.facts import (
     TRAIT_PEFT,
     TRAIT_PREPARED,
@@ -9,8 +8,8 @@ from gpudoctor.check.facts import (
     Value,
     call_arg,
     is_true,
-    name_key,
 )
+from gpudoctor.check import versions
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
@@ -42,10 +41,22 @@ def _quantized_load(value: Value):
     return None
 
 
+_MOVE_8BIT_MESSAGE = (
+    "ValueError: You need to install `pip install bitsandbytes>=0.48.0` if you want to move a 8-bit model across "
+    "devices using to()."
+)
+
+
+def _bnb_before_0_48() -> bool:
+    """The installed (or targeted) bitsandbytes is older than 0.48; unknown -> False (nothing to say)."""
+    version = versions.major_minor(versions.installed("bitsandbytes"))
+    return version is not None and version < (0, 48)
+
+
 class CastQuantizedModel(Rule):
     """``.half()``, ``.float()``, ``.to(dtype)`` on a bitsandbytes model, or ``.cuda()`` on an 8-bit one:
-    transformers refuses them. ``.to(device)`` is not flagged (4-bit is allowed; 8-bit needs
-    bitsandbytes >= 0.48, which the file cannot show)."""
+    transformers refuses them. ``.to(device)`` is flagged only for an 8-bit model when the installed (or
+    targeted) bitsandbytes is older than 0.48 (4-bit moves are allowed)."""
 
     code = "GD203"
     name = "cast-quantized-model"
@@ -72,8 +83,12 @@ class CastQuantizedModel(Rule):
             else:
                 moved = facts.value(site.node, site.order + 1, site.scope)
                 if "cast" not in moved.traits and call_arg(site.node, keyword="dtype") is None:
-                    continue  # .to(device)
-                message = _CAST_MESSAGE
+                    # .to(device): allowed for 4-bit; for 8-bit only refused by bitsandbytes < 0.48
+                    if bits != 8 or not _bnb_before_0_48():
+                        continue
+                    message = _MOVE_8BIT_MESSAGE + f" (bitsandbytes {versions.installed('bitsandbytes')})"
+                else:
+                    message = _CAST_MESSAGE
             kind = f"{bits}-bit" if bits else "bitsandbytes"
             yield self.report(
                 site.node,
@@ -90,13 +105,7 @@ class CastQuantizedModel(Rule):
         if is_true(call_arg(load, keyword="load_in_4bit")):
             return 4
         config = call_arg(load, keyword="quantization_config")
-        if config is not None and name_key(config) is not None:
-            site = facts.call_site(load)
-            binding = facts.binding_at(name_key(config), site.order, site.scope) if site else None
-            config = binding.value if binding is not None else None
-        if config is not None and hasattr(config, "args") and facts.qualname(getattr(config, "func", None)) == apis.BNB_CONFIG:
-            if is_true(call_arg(config, keyword="load_in_8bit")):
-                return 8
-            if is_true(call_arg(config, keyword="load_in_4bit")):
-                return 4
-        return 0
+        site = facts.call_site(load)
+        if config is None or site is None:
+            return 0
+        return facts.value(config, site.order, site.scope).traits.get("bits", 0)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 from gpudoctor.check import apis
@@ -12,7 +13,6 @@ from gpudoctor.check.facts import (
     Value,
     call_arg,
     is_true,
-    name_key,
     string_value,
 )
 from gpudoctor.check.finding import Severity
@@ -103,6 +103,10 @@ class Fp16TrainableParams(Rule):
 
     @staticmethod
     def _upcast_loop(facts: FileFacts) -> bool:
+        for assign in facts.attribute_assigns:
+            # ``p.data = p.data.float()`` / ``.to(torch.float32)``: trainable parameters upcast by hand
+            if assign.target.attr.value == "data" and re.search(r"\.float\(\)|float32", facts.module.code_for_node(assign.value)):
+                return True
         for loop in facts.loops:
             if loop.iter is None:
                 continue
@@ -121,12 +125,8 @@ class Fp16TrainableParams(Rule):
         autocast = call_arg(site.node, keyword="autocast_adapter_dtype")
         if autocast is not None and facts.module.code_for_node(autocast) == "False":
             return "`autocast_adapter_dtype=False` leaves the adapters in float16"
-        config = call_arg(site.node, 1, "peft_config")
-        key = name_key(config)
-        if key is not None:
-            binding = facts.binding_at(key, site.order, site.scope)
-            config = binding.value if binding is not None and binding.kind == "assign" else None
-        if config is None or not hasattr(config, "func"):
+        config = facts.built_by(call_arg(site.node, 1, "peft_config"), site.order, site.scope)
+        if config is None:
             return None
         modules = call_arg(config, keyword="modules_to_save")
         if modules is not None and facts.module.code_for_node(modules) not in ("None", "[]"):

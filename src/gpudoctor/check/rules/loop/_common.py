@@ -9,7 +9,7 @@ from typing import Iterable, Optional
 import libcst as cst
 
 from gpudoctor.check import apis
-from gpudoctor.check.facts import CallSite, FileFacts, FunctionFrame, IfFrame, LoopFrame, Scope
+from gpudoctor.check.facts import CallSite, FileFacts, FunctionFrame, IfFrame, LoopFrame, Scope, name_key
 
 _OPTIMIZER_NAME = re.compile(r"(^|[._])(opt|optim|optimizer|optimiser)s?(_\w+)?$|optimizer", re.IGNORECASE)
 _SCHEDULER_NAME = re.compile(r"sched", re.IGNORECASE)
@@ -84,7 +84,19 @@ def is_optimizer_call(facts: FileFacts, site: CallSite) -> bool:
     if kind != "unknown":
         return False
     text = _receiver_text(site.receiver)
-    return bool(text and _OPTIMIZER_NAME.search(text)) and not _SCHEDULER_NAME.search(text)
+    if text and _OPTIMIZER_NAME.search(text) and not _SCHEDULER_NAME.search(text):
+        return True
+    return _steps_and_zeroes(facts, site)
+
+
+def _steps_and_zeroes(facts: FileFacts, site: CallSite) -> bool:
+    """An unknown object whose ``.step()`` and ``.zero_grad()`` are both called in one function is used as an
+    optimizer (a module has no ``step``, a scheduler no ``zero_grad``), whatever its name."""
+    key = name_key(site.receiver)
+    if key is None:
+        return False
+    methods = {c.method for c in facts._calls_on_key.get(key, ()) if c.scope is site.scope}
+    return {"step", "zero_grad"} <= methods
 
 
 def is_scheduler_call(facts: FileFacts, site: CallSite) -> bool:
@@ -118,16 +130,6 @@ def is_backward(facts: FileFacts, site: CallSite) -> bool:
 # -------------------------------------------------------------------- helper functions
 
 
-def local_functions(facts: FileFacts) -> dict[str, list[Scope]]:
-    cached = getattr(facts, "_gd4_functions", None)
-    if cached is None:
-        cached = {}
-        for scope in facts.functions:
-            cached.setdefault(scope.name, []).append(scope)
-        facts._gd4_functions = cached
-    return cached
-
-
 def calls_in_function(facts: FileFacts, scope: Scope) -> list[CallSite]:
     index = getattr(facts, "_gd4_calls_by_function", None)
     if index is None:
@@ -138,17 +140,6 @@ def calls_in_function(facts: FileFacts, scope: Scope) -> list[CallSite]:
                     index.setdefault(id(frame.scope), []).append(site)
         facts._gd4_calls_by_function = index
     return index.get(id(scope), [])
-
-
-def callee_scopes(facts: FileFacts, site: CallSite) -> list[Scope]:
-    """The file's own functions a call may run: ``helper(...)``, ``self.helper(...)``."""
-    functions = local_functions(facts)
-    func = site.node.func
-    if isinstance(func, cst.Name) and site.qualname is None:
-        return [s for s in functions.get(func.value, ()) if s.class_name is None or s.parent is facts.module_scope]
-    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
-        return [s for s in functions.get(func.attr.value, ()) if s.class_name and s.class_name == site.scope.class_name]
-    return []
 
 
 def reach(facts: FileFacts, loop: LoopFrame, depth: int = 2) -> list[tuple[CallSite, Optional[CallSite]]]:
@@ -165,7 +156,7 @@ def reach(facts: FileFacts, loop: LoopFrame, depth: int = 2) -> list[tuple[CallS
 def _descend(facts, site, via, depth, out, seen) -> None:
     if depth <= 0:
         return
-    for scope in callee_scopes(facts, site):
+    for scope in facts.callee_scopes(site):
         if id(scope) in seen:
             continue
         seen.add(id(scope))
@@ -195,6 +186,8 @@ def is_optimizer_step(facts: FileFacts, site: CallSite) -> bool:
         return True
     if site.receiver is None or not site.node.args:
         return False
+    if receiver_kind(facts, site) == "grad_scaler":
+        return True  # GradScaler.step(optimizer)
     text = _receiver_text(site.receiver) or ""
     if not _SCALER_NAME.search(text.split(".")[-1]):
         return False

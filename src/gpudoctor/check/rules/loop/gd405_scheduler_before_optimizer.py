@@ -71,6 +71,13 @@ def _custom_scheduler(facts: FileFacts, site) -> bool:
     key = name_key(site.receiver)
     if key is None:
         return False
+    built = facts.built_by(site.receiver, site.order, site.scope)  # through temporaries, helpers, parameters
+    if built is not None:
+        made = facts.call_site(built)
+        if made is not None and facts.value(built, made.order + 1, made.scope).kind == "scheduler":
+            return False
+        if not (facts.qualname(built.func) or "").startswith(_LIBRARY_PREFIXES) and facts.qualname(built.func):
+            return True
     custom = False
     for scope in (facts.module_scope, *facts.functions):
         for binding in scope.bindings.get(key, ()):

@@ -84,13 +84,14 @@ class AccumulatedLossNotScaled(Rule):
         return receiver
 
     @staticmethod
-    def _plain_loss(facts: FileFacts, loss: cst.BaseExpression, backward, loop) -> bool:
-        """True when the loss is certainly an undivided loss: ``outputs.loss``, ``criterion(out, y)``..."""
-        if _divides(loss) or _ACCUM_WORD.search(facts.module.code_for_node(loss)):
+    def _plain_loss(facts: FileFacts, loss: cst.BaseExpression, backward, loop, depth: int = 0) -> bool:
+        """True when the loss is certainly an undivided loss: ``outputs.loss``, ``criterion(out, y)``...,
+        also through temporaries (``l = out.loss; total = l``)."""
+        if depth > 6 or _divides(loss) or _ACCUM_WORD.search(facts.module.code_for_node(loss)):
             return False
         key = name_key(loss)
         if key is None:
-            return _is_loss_source(facts, loss)
+            return _is_loss_source(facts, loss) or facts.value(loss, backward.order, backward.scope).has("loss")
         # Any in-place division (`loss /= accum`) or rebinding with a division in the loop.
         for site in facts.aug_assigns:
             if site.target_key == key and in_loop(site, loop) and site.order < backward.order:
@@ -102,7 +103,15 @@ class AccumulatedLossNotScaled(Rule):
             if other.order < backward.order and other.value is not None and in_loop(other, loop):
                 if _divides(other.value) or _ACCUM_WORD.search(facts.module.code_for_node(other.value)):
                     return False
-        return _is_loss_source(facts, binding.value)
+        at = _At(binding.order, binding.scope)
+        return AccumulatedLossNotScaled._plain_loss(facts, binding.value, at, loop, depth + 1)
+
+
+class _At:
+    """A position to evaluate at (what ``_plain_loss`` needs of a call site)."""
+
+    def __init__(self, order: int, scope) -> None:
+        self.order, self.scope = order, scope
 
 
 def _is_loss_source(facts: FileFacts, node: cst.BaseExpression) -> bool:

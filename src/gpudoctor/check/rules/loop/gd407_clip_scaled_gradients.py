@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from gpudoctor.check import apis
-from gpudoctor.check.facts import FileFacts, call_arg, name_key
+from gpudoctor.check.facts import FileFacts, call_arg
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
@@ -19,22 +19,18 @@ class ClipScaledGradients(Rule):
     triggers = ("GradScaler",)
 
     def check(self, facts: FileFacts):
-        scalers = {}
-        for site in facts.calls_to(*apis.GRAD_SCALER):
-            enabled = call_arg(site.node, keyword="enabled")
-            for binding in facts._bindings_of_value(site.node):
-                scalers[binding.key] = (site, enabled)
-        if not scalers:
+        if not facts.calls_to(*apis.GRAD_SCALER):
             return
         for clip in facts.calls_to(*apis.TORCH_CLIP):
             loop = innermost_loop(clip)
-            scaled = self._scaled_backward(facts, clip, loop, scalers)
+            scaled = self._scaled_backward(facts, clip, loop)
             if scaled is None:
                 continue
-            key, backward = scaled
-            if self._unscaled_before(facts, clip, loop, key):
+            scaler, backward = scaled
+            if self._unscaled_before(facts, clip, loop, scaler):
                 continue
-            _, enabled = scalers[key]
+            key = snippet(facts, backward.receiver)
+            enabled = call_arg(scaler, keyword="enabled")
             if enabled is not None and getattr(enabled, "value", None) == "False":
                 continue
             severity = Severity.ERROR
@@ -53,20 +49,28 @@ class ClipScaledGradients(Rule):
             )
 
     @staticmethod
-    def _scaled_backward(facts: FileFacts, clip, loop, scalers):
+    def _scaler(facts: FileFacts, site):
+        """The ``GradScaler(...)`` call the receiver of ``site`` evaluates to."""
+        if site.receiver is None:
+            return None
+        value = facts.value(site.receiver, site.order, site.scope)
+        return value.origin().node if value.kind == "grad_scaler" else None
+
+    @classmethod
+    def _scaled_backward(cls, facts: FileFacts, clip, loop):
         for site in facts.method_calls("scale"):
-            key = name_key(site.receiver) if site.receiver is not None else None
-            if key not in scalers or site.scope is not clip.scope:
+            scaler = cls._scaler(facts, site)
+            if scaler is None or site.scope is not clip.scope:
                 continue
             if loop is not None and innermost_loop(site) is not loop and not any(f is loop for f in site.context):
                 continue
-            return key, site
+            return scaler, site
         return None
 
-    @staticmethod
-    def _unscaled_before(facts: FileFacts, clip, loop, key) -> bool:
+    @classmethod
+    def _unscaled_before(cls, facts: FileFacts, clip, loop, scaler) -> bool:
         for site in facts.method_calls("unscale_"):
-            if name_key(site.receiver) != key or site.scope is not clip.scope:
+            if cls._scaler(facts, site) is not scaler or site.scope is not clip.scope:
                 continue
             if loop is None or any(f is loop for f in site.context):
                 if site.order < clip.order:

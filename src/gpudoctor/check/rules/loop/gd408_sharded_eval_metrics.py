@@ -4,7 +4,7 @@ import re
 
 import libcst as cst
 
-from gpudoctor.check.facts import TRAIT_PREPARED, FileFacts, name_key, unwrap_iterable
+from gpudoctor.check.facts import TRAIT_PREPARED, FileFacts, name_key
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import multi_process_severity, snippet
 from gpudoctor.check.rule import Rule
@@ -32,9 +32,10 @@ class ShardedEvalMetrics(Rule):
         if not severity.fails:
             return
         for loop in facts.loops:
-            if loop.iter is None:
+            found = facts.iterated(loop)
+            if found is None:
                 continue
-            loader = unwrap_iterable(loop.iter)
+            loader, shown = found
             if name_key(loader) is None:
                 continue
             scope = self._scope(facts, loop)
@@ -59,7 +60,7 @@ class ShardedEvalMetrics(Rule):
             if metric is None:
                 continue
             yield self.report(
-                loop.iter,
+                shown,
                 f"This evaluation loop iterates `{snippet(facts, loader)}`, which is sharded across processes ({why}), "
                 f"and accumulates `{snippet(facts, metric.node)}` without any gather/all_reduce: each process reports "
                 "the metric of its own shard only.",

@@ -40,10 +40,22 @@ class SamplerWithoutSetEpoch(Rule):
 
     @staticmethod
     def _has_epoch_loop(facts: FileFacts) -> bool:
+        """A loop whose head names epochs, or a loop around a loop over a DataLoader (directly or through a
+        call of the file's own function that has one)."""
+        loader_loops = [
+            loop for loop in facts.loops
+            if isinstance(loop.node, cst.For) and facts.item_of(loop.iter, loop.order, loop.scope, ()).kind == "batch"
+        ]
+        loader_functions = {id(loop.scope) for loop in loader_loops if loop.scope is not None and loop.scope.kind == "function"}
         for loop in facts.loops:
             node = loop.node
             if isinstance(node, cst.For):
                 head = facts.module.code_for_node(node.target) + " " + facts.module.code_for_node(node.iter)
                 if "epoch" in head.lower():
+                    return True
+            if any(inner is not loop and loop.order < inner.order < loop.end_order for inner in loader_loops):
+                return True
+            for site in facts.calls:
+                if loop.order < site.order < loop.end_order and any(id(s) in loader_functions for s in facts.callee_scopes(site)):
                     return True
         return False

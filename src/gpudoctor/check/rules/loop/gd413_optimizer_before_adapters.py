@@ -26,55 +26,70 @@ class OptimizerBeforeAdapters(Rule):
     triggers = ("parameters",)
 
     def check(self, facts: FileFacts):
-        optimizers = []
         for site in facts.calls:
-            if site.qualname and apis.is_optimizer(site.qualname):
-                owner = _parameters_owner(site.arg(0, "params"))
-                key = name_key(owner) if owner is not None else None
-                if key is not None:
-                    bindings = facts._bindings_of_value(site.node)
-                    opt_key = bindings[0].key if bindings else None
-                    if opt_key is not None:
-                        optimizers.append((site, key, opt_key))
-        for opt_site, model_key, opt_key in optimizers:
-            change = self._change_after(facts, opt_site, model_key)
-            if change is None:
+            if not (site.qualname and apis.is_optimizer(site.qualname)):
                 continue
-            node, what, order = change
-            rebound = [b for b in opt_site.scope.bindings.get(opt_key, ()) if b.order > order]
-            if rebound or not facts.loads_of(opt_key, after=order, scope=opt_site.scope):
-                continue  # rebuilt after the change, or never used again
-            # Reported where the user fixes it (the optimizer moves below the change), the change as related.
-            yield self.report(
-                opt_site.node,
-                f"`{opt_key}` is built over `{model_key}.parameters()` (`{snippet(facts, opt_site.node)}`) before "
-                f"{what}: the optimizer still holds the old parameter tensors, so it updates tensors the model no "
-                "longer uses (or frozen ones with no gradient) and the new parameters never change.",
-                fix_hint=f"Create `{opt_key}` after `{snippet(facts, node, 50)}`, over the final trainable parameters.",
-                related=((node, f"{what} here, after the optimizer was built"),),
-            )
+            params = site.arg(0, "params")
+            built = facts.assignment_of(params, site.order, site.scope)  # params = model.parameters()
+            owner = _parameters_owner(built.value if built is not None else params)
+            model_key = name_key(owner) if owner is not None else None
+            if model_key is None:
+                continue
+            # Where the optimizer object is held: ``opt = SGD(...)``, and names it reaches through
+            # temporaries and the file's own helpers (``optimizer = make_optimizer()``).
+            holders = [b for b in _bindings(facts) if b.value is not None and b.kind == "assign"
+                       and isinstance(b.value, (cst.Name, cst.Call)) and facts.value(b.value, b.order, b.scope).origin().node is site.node]
+            for holder in holders:
+                change = self._change_after(facts, holder, model_key)
+                if change is None:
+                    continue
+                node, what, order = change
+                aliases = {b.key for b in holders if b.scope is holder.scope}
+                rebound = [b for key in aliases for b in holder.scope.bindings.get(key, ()) if b.order > order and b not in holders]
+                if rebound or not any(facts.loads_of(key, after=order, scope=holder.scope) for key in aliases):
+                    continue  # rebuilt after the change, or never used again
+                # Reported where the user fixes it (the optimizer moves below the change), the change as related.
+                related = [(node, f"{what} here, after the optimizer was built")]
+                if holder.value is not site.node:
+                    related.append((site.node, "the optimizer is built here"))
+                yield self.report(
+                    holder.value,
+                    f"`{holder.key}` is built over `{model_key}.parameters()` (`{snippet(facts, site.node)}`) before "
+                    f"{what}: the optimizer still holds the old parameter tensors, so it updates tensors the model no "
+                    "longer uses (or frozen ones with no gradient) and the new parameters never change.",
+                    fix_hint=f"Create `{holder.key}` after `{snippet(facts, node, 50)}`, over the final trainable parameters.",
+                    related=tuple(related),
+                )
+                break
 
-    def _change_after(self, facts: FileFacts, opt_site, model_key) -> Optional[tuple[cst.CSTNode, str]]:
+    def _change_after(self, facts: FileFacts, holder, model_key) -> Optional[tuple[cst.CSTNode, str, int]]:
         for site in facts.calls:
-            if site.order <= opt_site.order or site.scope is not opt_site.scope:
+            if site.order <= holder.order or site.scope is not holder.scope:
                 continue
             if site.qualname in apis.GET_PEFT_MODEL or site.qualname in _INJECT:
                 if name_key(site.arg(0, "model")) == model_key:
                     return site.node, f"`{snippet(facts, site.node)}` adds new adapter weights and freezes the base", site.order
             if site.method in _REPLACING_METHODS and name_key(site.receiver) == model_key:
                 return site.node, f"`{snippet(facts, site.node)}` replaces parameters", site.order
-            # model.head = nn.Linear(...) / model.fc.weight = nn.Parameter(...)
-            q = site.qualname or ""
-            if q.startswith("torch.nn.") and q.split(".")[-1][:1].isupper() and len(q.split(".")) == 3:
-                statement = facts.statement_of(site.node)
-                assign = statement.body[0] if statement is not None and statement.body else None
-                if isinstance(assign, cst.Assign) and assign.value is site.node:
-                    for target in assign.targets:
-                        t = target.target
-                        if isinstance(t, cst.Attribute) and _root(t) == model_key:
-                            text = facts.module.code_for_node(t)
-                            return site.node, f"`{text} = {snippet(facts, site.node, 40)}` replaces parameters", site.order
+        # model.head = nn.Linear(...) / model.fc.weight = nn.Parameter(...), also through a temporary
+        for assign in facts.attribute_assigns:
+            if assign.order <= holder.order or assign.scope is not holder.scope or _root(assign.target) != model_key:
+                continue
+            value = facts.value(assign.value, assign.order, assign.scope)
+            origin = value.origin().node
+            q = facts.qualname(origin.func) if isinstance(origin, cst.Call) else None
+            if (value.kind == "model" and value.trait("module")) or q in ("torch.nn.Parameter",):
+                text = facts.module.code_for_node(assign.target)
+                return assign.value, f"`{text} = {snippet(facts, assign.value, 40)}` replaces parameters", assign.order
         return None
+
+
+def _bindings(facts: FileFacts):
+    cached = getattr(facts, "_gd413_bindings", None)
+    if cached is None:
+        scopes = [facts.module_scope, *facts.functions]
+        cached = facts._gd413_bindings = [b for scope in scopes for bindings in scope.bindings.values() for b in bindings]
+    return cached
 
 
 def _root(node: cst.BaseExpression) -> Optional[str]:

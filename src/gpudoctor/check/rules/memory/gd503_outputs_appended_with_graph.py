@@ -45,7 +45,9 @@ class OutputsAppendedWithGraph(Rule):
             loop = loops[-1]
             trains = trains_between(facts, loop.order, loop.end_order)
             if trains:
-                if kind == "loss" or _TO_CPU.search(facts.module.code_for_node(value)):
+                held = facts.assignment_of(value, site.order, site.scope)  # ``kept = out.logits.cpu()``
+                made = held.value if held is not None else value
+                if kind == "loss" or _TO_CPU.search(facts.module.code_for_node(made)):
                     continue  # backward freed the activations; a scalar or a CPU copy is small
                 effect = (
                     "backward frees the activations, but the list keeps every step's output tensor on the device "

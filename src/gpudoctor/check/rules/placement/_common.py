@@ -65,6 +65,33 @@ def creation_qualname(facts: FileFacts, call: cst.CSTNode) -> Optional[str]:
     return q
 
 
+def cpu_tensor(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0) -> Optional[str]:
+    """The ``torch.*`` creation behind a tensor expression made on the CPU: ``torch.ones(n)``,
+    ``1 - torch.eye(n)``, ``(torch.arange(n) * 2).float()``, a local bound to one; None otherwise."""
+    if node is None or depth > 6:
+        return None
+    q = creation_qualname(facts, node)
+    if q is not None:
+        return q
+    if isinstance(node, cst.BinaryOperation):
+        sides = [cpu_tensor(facts, side, order, scope, depth + 1) for side in (node.left, node.right)]
+        others_plain = all(
+            found is not None or _literal_number(side) or _plain_number_attribute(facts, side)
+            for found, side in zip(sides, (node.left, node.right))
+        )
+        return next((f for f in sides if f), None) if others_plain else None
+    if isinstance(node, cst.UnaryOperation):
+        return cpu_tensor(facts, node.expression, order, scope, depth + 1)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in SAME_DEVICE_METHODS:
+        if all(_literal_number(a.value) for a in node.args):
+            return cpu_tensor(facts, node.func.value, order, scope, depth + 1)
+        return None
+    binding = facts.assignment_of(node, order, scope)
+    if binding is not None and not binding.key.startswith("self."):
+        return cpu_tensor(facts, binding.value, binding.order, binding.scope, depth + 1)
+    return None
+
+
 def is_scalar_tensor(facts: FileFacts, call: cst.Call) -> bool:
     """``torch.tensor(2.0)``: a 0-dim CPU tensor mixes with CUDA tensors without error."""
     q = facts.qualname(call.func)
@@ -101,36 +128,9 @@ def class_defs(facts: FileFacts) -> Iterator[cst.ClassDef]:
             stack.extend(body.body if isinstance(body, cst.IndentedBlock) else ())
 
 
-_MODULE_BASES = ("torch.nn.Module",)
-
-
 def module_classes(facts: FileFacts) -> dict[str, cst.ClassDef]:
     """Classes of the file that are ``nn.Module`` subclasses (directly, through HF models, or a local base)."""
-    cached = getattr(facts, "_gd6_module_classes", None)
-    if cached is not None:
-        return cached
-    classes = {c.name.value: c for c in class_defs(facts)}
-    found: dict[str, cst.ClassDef] = {}
-    changed = True
-    while changed:
-        changed = False
-        for name, node in classes.items():
-            if name in found:
-                continue
-            for base in node.bases:
-                q = facts.qualname(base.value)
-                local = name_key(base.value)
-                if (
-                    q in _MODULE_BASES
-                    or (q and q.startswith("torch.nn.") and q.split(".")[-1] in ("Sequential", "ModuleList", "ModuleDict"))
-                    or (q and q.split(".")[0] == "transformers" and (q.endswith("PreTrainedModel") or apis.is_model_class(q.split(".")[-1])))
-                    or (local in found)
-                ):
-                    found[name] = node
-                    changed = True
-                    break
-    facts._gd6_module_classes = found
-    return found
+    return {name: scope.node for name, scope in facts.classes.items() if facts.is_module_class(name)}
 
 
 def method_scopes(facts: FileFacts, class_name: str) -> list[Scope]:
@@ -387,7 +387,19 @@ def placement(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: 
             return "dispatched" if device_map.maybe_dispatched else "placed"
         if is_module_constructor(facts, node):
             return "unplaced"
+        site = facts.call_site(node)
+        if site is not None and site.qualname is None:  # the file's own helper: what it returns
+            for callee in facts.callee_scopes(site):
+                for ret in facts.returns.get(id(callee), ()):
+                    found = placement(facts, ret.value, ret.order, ret.scope, depth + 1)
+                    if found is not None:
+                        return found
         return None
+    key = name_key(node)
+    param = facts.binding_at(key, order, scope) if key is not None else None
+    if param is not None and param.kind == "param":  # handed in: where the caller's argument is
+        passed = facts.param_argument(param)
+        return placement(facts, *passed, depth + 1) if passed is not None else None
     binding = facts.assignment_of(node, order, scope)
     if binding is None:
         return None

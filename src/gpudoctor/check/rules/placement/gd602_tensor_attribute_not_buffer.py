@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import libcst as cst
+
 from gpudoctor.check.facts import FileFacts, string_value
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.placement._common import (
-    creation_qualname,
+    cpu_tensor,
     file_sets_default_device,
     is_scalar_tensor,
     method_scopes,
@@ -40,18 +42,21 @@ class TensorAttributeNotBuffer(Rule):
                 if site.scope in methods
             }
             attrs = facts.class_attrs.get(class_name, {})
+            building = _construction_methods(facts, methods)
             for key, bindings in attrs.items():
-                init = [b for b in bindings if b.scope.name == "__init__"]
+                init = [b for b in bindings if b.scope in building]
                 if len(init) != 1 or len(bindings) != 1 or key[5:] in buffers:
                     continue
                 binding = init[0]
-                if binding.kind != "assign" or creation_qualname(facts, binding.value) is None:
+                if binding.kind != "assign" or cpu_tensor(facts, binding.value, binding.order, binding.scope) is None:
                     continue
-                if is_scalar_tensor(facts, binding.value):
+                local = facts.assignment_of(binding.value, binding.order, binding.scope)  # through a temporary
+                made = local.value if local is not None else binding.value
+                if isinstance(made, cst.Call) and is_scalar_tensor(facts, made):
                     continue
                 use = None
                 for _, node, scope in facts.name_loads.get(key, ()):
-                    if scope in methods and scope.name != "__init__":
+                    if scope in methods and scope not in building:
                         use = mixing_use(facts, node, scope.node)
                         if use is not None:
                             where = scope.name
@@ -69,3 +74,13 @@ class TensorAttributeNotBuffer(Rule):
                     fix_hint=f"`self.register_buffer(\"{attr}\", {snippet(facts, binding.value, 40)}, persistent=False)` "
                     "(drop `persistent=False` to save it in checkpoints).",
                 )
+
+
+def _construction_methods(facts: FileFacts, methods) -> list:
+    """``__init__`` and the methods it calls on ``self`` (``self._build(n)``), which build the module too."""
+    found = [m for m in methods if m.name == "__init__"]
+    for scope in found:
+        for site in facts.calls:
+            if site.scope is scope:
+                found.extend(c for c in facts.callee_scopes(site) if c in methods and c not in found)
+    return found

@@ -40,8 +40,19 @@ class SubmodulesInPlainContainer(Rule):
                 if len(init) != 1 or len(bindings) != 1:
                     continue
                 binding = init[0]
-                kind, example = self._container(facts, binding.value, key, methods)
-                if kind is None or self._registered_elsewhere(facts, key, methods):
+                # ``layers = []`` ... ``self.layers = layers``, and ``extra = self.extra`` aliases.
+                keys = {key}
+                value = binding.value
+                local = facts.assignment_of(value, binding.order, binding.scope)
+                if local is not None and local.scope is binding.scope:
+                    keys.add(local.key)
+                    value = local.value
+                for bindings_of_key in binding.scope.bindings.values():
+                    for alias in bindings_of_key:
+                        if alias.kind == "assign" and name_key(alias.value) == key:
+                            keys.add(alias.key)
+                kind, example = self._container(facts, value, keys, methods)
+                if kind is None or any(self._registered_elsewhere(facts, k, methods) for k in keys):
                     continue
                 wrapper = "nn.ModuleDict" if kind == "dict" else "nn.ModuleList"
                 yield self.report(
@@ -53,7 +64,7 @@ class SubmodulesInPlainContainer(Rule):
                     fix_hint=f"Wrap it: `{key} = {wrapper}(...)`.",
                 )
 
-    def _container(self, facts: FileFacts, value, key: str, methods) -> tuple[Optional[str], str]:
+    def _container(self, facts: FileFacts, value, keys: set[str], methods) -> tuple[Optional[str], str]:
         if isinstance(value, (cst.List, cst.Tuple)):
             for element in value.elements:
                 name = is_module_constructor(facts, element.value)
@@ -62,9 +73,10 @@ class SubmodulesInPlainContainer(Rule):
             if not value.elements:
                 # self.layers = [] then self.layers.append(Block())
                 for site in facts.method_calls("append", "extend", "insert"):
-                    if site.scope in methods and name_key(site.receiver) == key and site.node.args:
+                    if site.scope in methods and name_key(site.receiver) in keys and site.node.args:
                         arg = site.node.args[-1].value
-                        name = is_module_constructor(facts, arg)
+                        built = facts.assignment_of(arg, site.order, site.scope)
+                        name = is_module_constructor(facts, built.value if built is not None else arg)
                         if name is None and isinstance(arg, (cst.List, cst.ListComp)):
                             inner = arg.elements[0].value if isinstance(arg, cst.List) and arg.elements else getattr(arg, "elt", None)
                             name = is_module_constructor(facts, inner)
@@ -88,9 +100,14 @@ class SubmodulesInPlainContainer(Rule):
 
     def _registered_elsewhere(self, facts: FileFacts, key: str, methods) -> bool:
         """The container is passed to a call (nn.ModuleList(self.layers), nn.Sequential(*self.layers), a helper)."""
+        iterated = _iterated_nodes(facts)
         for _, node, scope in facts.name_loads.get(key, ()):
+            if scope not in methods and not key.startswith("self."):
+                continue  # another function's local of the same name
             if scope not in methods:
                 return True  # used from outside the class: unknown
+            if id(node) in iterated:
+                continue  # ``for layer in tqdm(self.layers)``: only iterated
             up = parents(facts, scope.node)
             parent = up.get(id(node))
             if isinstance(parent, cst.Arg):
@@ -99,3 +116,16 @@ class SubmodulesInPlainContainer(Rule):
                 if not (isinstance(func, cst.Name) and func.value in _HARMLESS):
                     return True
         return False
+
+
+def _iterated_nodes(facts: FileFacts) -> set[int]:
+    """Nodes that ``for`` loops iterate (through ``tqdm``/``enumerate``/the file's own generators)."""
+    cached = getattr(facts, "_gd603_iterated", None)
+    if cached is None:
+        cached = set()
+        for loop in facts.loops:
+            found = facts.iterated(loop)
+            if found is not None:
+                cached.add(id(found[0]))
+        facts._gd603_iterated = cached
+    return cached

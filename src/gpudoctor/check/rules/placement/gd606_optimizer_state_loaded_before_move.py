@@ -35,14 +35,18 @@ class OptimizerStateLoadedBeforeMove(Rule):
                 continue
             if facts.value(load.receiver, load.order, load.scope).kind != "optimizer":
                 continue
-            binding = facts.binding_at(opt_key, load.order, load.scope)
-            if binding is None or not isinstance(binding.value, cst.Call):
+            built = facts.built_by(load.receiver, load.order, load.scope)  # through temporaries and helpers
+            if built is None or not built.args:
                 continue
-            owner = _parameters_owner(binding.value.args[0].value if binding.value.args else None)
+            params = built.args[0].value
+            site = facts.call_site(built)
+            params_binding = facts.assignment_of(params, site.order, site.scope) if site is not None else None
+            owner = _parameters_owner(params_binding.value if params_binding is not None else params)
             model_key = name_key(owner)
             if model_key is None:
                 continue
-            move = self._later_move(facts, model_key, load)
+            origin = facts.value(owner, site.order, site.scope).origin().node if site is not None else None
+            move = self._later_move(facts, model_key, load, origin)
             if move is None:
                 continue
             if self._state_recast(facts, opt_key, load, move):
@@ -61,15 +65,18 @@ class OptimizerStateLoadedBeforeMove(Rule):
                 severity=severity,
             )
 
-    def _later_move(self, facts: FileFacts, model_key: str, load: CallSite) -> Optional[CallSite]:
+    def _later_move(self, facts: FileFacts, model_key: str, load: CallSite, origin) -> Optional[CallSite]:
         for site in facts.calls:
             if site.order <= load.order or site.method not in apis.MODULE_MOVES:
                 continue
-            if name_key(site.receiver) != model_key or not facts._same_namespace(site.scope, load.scope, model_key):
+            key = name_key(site.receiver)
+            same = key == model_key and facts._same_namespace(site.scope, load.scope, model_key)
+            if not same and not (origin is not None and key is not None and site.scope is load.scope
+                                 and facts.value(site.receiver, site.order, site.scope).origin().node is origin):
                 continue
             if site.scope is not load.scope and site.scope.kind != "module" and load.scope.kind != "module":
                 continue
-            if site.method == "to" and not any(_device_arg(facts, a) for a in site.node.args):
+            if site.method == "to" and not any(_device_arg(facts, a, site) for a in site.node.args):
                 continue
             return site
         return None
@@ -85,8 +92,9 @@ class OptimizerStateLoadedBeforeMove(Rule):
         return False
 
 
-def _device_arg(facts: FileFacts, arg: cst.Arg) -> bool:
+def _device_arg(facts: FileFacts, arg: cst.Arg, site: CallSite) -> bool:
     if arg.keyword is not None and arg.keyword.value not in ("device",):
         return False
-    q = facts.qualname(arg.value) or ""
+    built = facts.assignment_of(arg.value, site.order, site.scope)  # dtype = torch.float16; net.to(dtype)
+    q = facts.qualname(built.value if built is not None else arg.value) or ""
     return not (q.startswith("torch.") and q.split(".")[-1] in _DTYPE_NAMES)

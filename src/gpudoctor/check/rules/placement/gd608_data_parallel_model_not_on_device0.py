@@ -54,6 +54,13 @@ class DataParallelModelNotOnDevice0(Rule):
         for call in facts.calls:
             if call.order > site.order and call.method in apis.MODULE_MOVES and name_key(call.receiver) in keys:
                 return True
+            if call.order > site.order and call.method in apis.MODULE_MOVES and name_key(call.receiver) is not None:
+                # the wrapper reached through a helper's return or a temporary
+                value = facts.value(call.receiver, call.order, call.scope)
+                while value is not None and value.node is not site.node:
+                    value = value.base
+                if value is not None:
+                    return True
             if call.order > site.order and isinstance(call.receiver, cst.Attribute) and call.receiver.attr.value == "module" \
                     and name_key(call.receiver.value) in keys and call.method in apis.MODULE_MOVES:
                 return True

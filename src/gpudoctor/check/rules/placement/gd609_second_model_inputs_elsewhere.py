@@ -67,12 +67,14 @@ class SecondModelInputsElsewhere(Rule):
     def _moved_input(self, facts: FileFacts, node, site: CallSite) -> Optional[tuple[cst.Call, Optional[str]]]:
         """(the .to call, the model whose device it targets) for an input moved to an accelerator."""
         call = node
-        key = name_key(node)
-        if key is not None:
-            binding = facts.binding_at(key, site.order, site.scope)
+        order, scope = site.order, site.scope
+        for _ in range(4):  # through temporaries: ``tmp = x.to(...)``; ``inputs = tmp``
+            if name_key(call) is None:
+                break
+            binding = facts.binding_at(name_key(call), order, scope)
             if binding is None or binding.kind != "assign":
                 return None
-            call = binding.value
+            call, order, scope = binding.value, binding.order, binding.scope
         if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value in ("to", "cuda")):
             return None
         if call.func.attr.value == "cuda":

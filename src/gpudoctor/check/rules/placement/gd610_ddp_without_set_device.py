@@ -60,9 +60,18 @@ class DdpWithoutSetDevice(Rule):
             site = facts.call_site(node)
             if site is not None and site.method in ("cuda", "to") and self._indexless(facts, site):
                 return site
-            if isinstance(node.func, cst.Attribute) and node.func.attr.value in apis.MODULE_MOVES:
-                return None
+            if site is not None and site.qualname is None:  # built by the file's own helper
+                for callee in facts.callee_scopes(site):
+                    for ret in facts.returns.get(id(callee), ()):
+                        found = self._indexless_move(facts, ret.value, ret.order, ret.scope, depth + 1)
+                        if found is not None:
+                            return found
             return None
+        key = name_key(node)
+        param = facts.binding_at(key, order, scope) if key is not None else None
+        if param is not None and param.kind == "param":  # handed in: what the caller passes
+            passed = facts.param_argument(param)
+            return self._indexless_move(facts, *passed, depth + 1) if passed is not None else None
         binding = facts.assignment_of(node, order, scope)
         if binding is None:
             return None

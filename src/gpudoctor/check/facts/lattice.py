@@ -1,0 +1,499 @@
+"""What an expression IS, beyond library calls: the small type lattice every rule asks.
+
+Kinds (``Value.kind``): model (any nn.Module, with its traits), accelerator, optimizer, scheduler,
+dataloader, batch (an item a dataloader yields), tensor (a batch item, ``torch.*`` results, arithmetic and
+views of tensors), model_output, tokenizer, tokenizer_output, device, tuple (a tuple/list display, or what a
+function returns as several values), trainer, training_args, device_map, unknown.
+
+Values flow through assignments, unpacking, ``for`` targets (``enumerate``/``zip``/``tqdm``/``iter``,
+the file's own generators), ``next()``, comprehensions, attribute stores on ``self``, returns of the file's
+own functions and methods, and their parameters at each call site. Flow order is the collector's order.
+Kept as a mixin of ``FileFacts`` (``model.py``) so evaluation stays one cached recursion.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import libcst as cst
+
+from gpudoctor.check import apis
+from gpudoctor.check.facts.nodes import call_arg, dotted, name_key, string_value
+from gpudoctor.check.facts.values import TRAIT_PREPARED, UNKNOWN, Value
+
+if TYPE_CHECKING:
+    from gpudoctor.check.facts.records import Binding, CallSite, Scope
+
+TENSOR = "tensor"
+BATCH = "batch"
+DEVICE = "device"
+TUPLE = "tuple"
+MODEL_OUTPUT = "model_output"
+TOKENIZER_OUTPUT = "tokenizer_output"
+
+# Iteration wrappers whose items are the items of their first argument.
+_PASS_ITEMS = {"tqdm", "iter", "list", "track", "sorted", "reversed", "tuple", "trange"}
+# torch functions that do not return a tensor.
+_TORCH_NOT_TENSOR = {
+    "device", "no_grad", "enable_grad", "inference_mode", "set_grad_enabled", "load", "save", "manual_seed",
+    "compile", "Size", "Generator", "autocast", "is_tensor", "numel", "is_floating_point", "get_default_dtype",
+    "set_default_dtype", "set_default_device", "set_default_tensor_type", "use_deterministic_algorithms",
+    "set_float32_matmul_precision", "set_num_threads", "get_num_threads", "dtype", "finfo", "iinfo",
+}
+# Tensor methods whose result is not a tensor.
+_TENSOR_TO_PYTHON = {"item", "tolist", "numpy", "size", "dim", "numel", "ndimension", "nelement", "element_size",
+                     "is_contiguous", "data_ptr", "get_device", "register_hook", "backward", "__len__"}
+# Methods of a module that return the module itself.
+_MODULE_SELF = {"train", "eval", "requires_grad_", "apply", "zero_grad"}
+_DEVICE_PREFIXES = ("cuda", "cpu", "mps", "xpu", "npu", "meta")
+
+
+def _tensor(node: cst.CSTNode, **traits) -> Value:
+    return Value(TENSOR, node, dict(traits))
+
+
+class ExpressionValues:
+    """Evaluation of expressions that are not library constructors (a mixin of ``FileFacts``)."""
+
+    # -- provided by FileFacts
+    def value(self, node, order=None, scope=None) -> Value: ...  # pragma: no cover
+    def qualname(self, node) -> Optional[str]: ...  # pragma: no cover
+    def binding_at(self, key, order, scope): ...  # pragma: no cover
+
+    # ------------------------------------------------------------------ questions
+
+    def is_tensor(self, node: Optional[cst.CSTNode], order: Optional[int] = None, scope=None) -> bool:
+        return self.value(node, order, scope).kind == TENSOR
+
+    def is_device(self, node: Optional[cst.CSTNode], order: Optional[int] = None, scope=None) -> bool:
+        return self.value(node, order, scope).kind == DEVICE
+
+    def is_module_class(self, name: str) -> bool:
+        """A class of this file that subclasses ``nn.Module`` (directly, through an HF model, or a local base)."""
+        if self._module_classes is None:
+            found: set[str] = set()
+            changed = True
+            while changed:
+                changed = False
+                for class_name, scope in self.classes.items():
+                    if class_name in found:
+                        continue
+                    for base in scope.node.bases:
+                        q = self.qualname(base.value) or ""
+                        local = name_key(base.value)
+                        parts = q.split(".")
+                        if (
+                            (parts[:2] == ["torch", "nn"] and parts[-1][:1].isupper())
+                            or (parts[0] == "transformers" and (q.endswith("PreTrainedModel") or apis.is_model_class(parts[-1])))
+                            or local in found
+                        ):
+                            found.add(class_name)
+                            changed = True
+                            break
+            self._module_classes = found
+        return name in self._module_classes
+
+    def callee_scopes(self, site: "CallSite") -> list["Scope"]:
+        """The file's own functions a call runs: ``helper(...)``, ``self.helper(...)``, ``Cls(...)`` (its
+        ``__init__``)."""
+        if self._functions_by_name is None:
+            index: dict[str, list] = {}
+            for scope in self.functions:
+                index.setdefault(scope.name, []).append(scope)
+            self._functions_by_name = index
+        func = site.node.func
+        if isinstance(func, cst.Name) and site.qualname is None:
+            if func.value in self.classes:
+                return [s for s in self._functions_by_name.get("__init__", ()) if s.class_name == func.value]
+            return [s for s in self._functions_by_name.get(func.value, ()) if s.class_name is None or s.parent is self.module_scope]
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+            return [s for s in self._functions_by_name.get(func.attr.value, ()) if s.class_name and s.class_name == site.scope.class_name]
+        return []
+
+    def call_sites_of(self, scope: "Scope") -> list["CallSite"]:
+        """Calls of the file's own function ``scope`` (by name, ``self.name``, or the class for ``__init__``)."""
+        cache = self.__dict__.setdefault("_call_sites_of", {})
+        found = cache.get(id(scope))
+        if found is None:
+            names = {scope.class_name if scope.name == "__init__" and scope.class_name else scope.name}
+            found = [
+                site for site in self.calls
+                if (dotted(site.node.func) or "").split(".")[-1] in names and scope in self.callee_scopes(site)
+            ]
+            cache[id(scope)] = found
+        return found
+
+    def built_by(self, node: Optional[cst.CSTNode], order: int, scope: "Scope", depth: int = 0) -> Optional[cst.Call]:
+        """The library call an expression was built by, through names, temporaries, parameters (the first call
+        that passes one) and the file's own helpers (``config = make_config()`` ... ``def make_config():
+        return LoraConfig(...)``)."""
+        if node is None or depth > 8:
+            return None
+        key = name_key(node)
+        if key is not None:
+            binding = self.binding_at(key, order, scope)
+            if binding is not None and binding.kind == "param":  # what the caller passes
+                passed = self.param_argument(binding)
+                return self.built_by(*passed, depth + 1) if passed is not None else None
+            if binding is None or binding.kind != "assign" or binding.value is None:
+                return None
+            return self.built_by(binding.value, binding.order, binding.scope, depth + 1)
+        if not isinstance(node, cst.Call):
+            return None
+        site = self._call_by_node.get(id(node))
+        if site is not None and site.qualname is None:
+            for callee in self.callee_scopes(site):
+                for ret in self.returns.get(id(callee), ()):
+                    found = self.built_by(ret.value, ret.order, ret.scope, depth + 1)
+                    if found is not None:
+                        return found
+        return node
+
+    # ------------------------------------------------------------------ evaluation of expressions
+
+    def _evaluate_expression(self, node: cst.CSTNode, order: int, scope: "Scope") -> Value:
+        if isinstance(node, (cst.Tuple, cst.List)):
+            return Value(TUPLE, node, {"items": tuple(e.value for e in node.elements), "at": (order, scope)})
+        if isinstance(node, cst.BinaryOperation):
+            left = self.value(node.left, order, scope)
+            right = self.value(node.right, order, scope)
+            if TENSOR in (left.kind, right.kind):
+                return Value(TENSOR, node, base=left if left.kind == TENSOR else right)
+            return UNKNOWN
+        if isinstance(node, cst.UnaryOperation):
+            inner = self.value(node.expression, order, scope)
+            return Value(TENSOR, node, base=inner) if inner.kind == TENSOR else UNKNOWN
+        if isinstance(node, cst.IfExp):
+            body = self.value(node.body, order, scope)
+            return body if body.kind != "unknown" else self.value(node.orelse, order, scope)
+        if isinstance(node, cst.Subscript):
+            base = self.value(node.value, order, scope)
+            if base.kind in (BATCH, TOKENIZER_OUTPUT, MODEL_OUTPUT):
+                return _tensor(node, batch_item=base) if base.kind == BATCH else _tensor(node)
+            if base.kind == TENSOR:
+                return Value(TENSOR, node, base=base)
+            if base.kind == TUPLE and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
+                index = node.slice[0].slice.value
+                if isinstance(index, cst.Integer):
+                    return self.element(base, (int(index.value),))
+            return UNKNOWN
+        if isinstance(node, cst.Attribute):
+            return self._attribute_value(node, order, scope)
+        if isinstance(node, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString)):
+            text = string_value(node)
+            if text is None and isinstance(node, cst.FormattedString):
+                text = "".join(p.value for p in node.parts if isinstance(p, cst.FormattedStringText))
+            if text is not None and text.split(":")[0] in _DEVICE_PREFIXES:
+                return Value(DEVICE, node, {"device": text})
+            return UNKNOWN
+        if isinstance(node, (cst.DictComp,)) or isinstance(node, cst.Dict):
+            return UNKNOWN
+        return UNKNOWN
+
+    def _attribute_value(self, node: cst.Attribute, order: int, scope: "Scope") -> Value:
+        attr = node.attr.value
+        base = self.value(node.value, order, scope)
+        if base.kind == "unknown":
+            return UNKNOWN
+        if attr == "device" and base.kind in ("accelerator", "model", TENSOR, BATCH):
+            return Value(DEVICE, node, {"of": base})
+        if base.kind in (MODEL_OUTPUT, BATCH, TOKENIZER_OUTPUT):
+            if base.kind == BATCH:
+                return _tensor(node, batch_item=base)
+            if base.kind == MODEL_OUTPUT and attr == "loss":
+                return _tensor(node, output=base, loss=node)
+            return _tensor(node, output=base)
+        if base.kind == TENSOR and attr in ("T", "mT", "H", "data", "grad", "real", "imag"):
+            return Value(TENSOR, node, base=base)
+        if base.kind == "model" and attr in ("weight", "bias"):
+            return _tensor(node, parameter=base)
+        return UNKNOWN
+
+    def _evaluate_other_call(self, call: cst.Call, q: Optional[str], order: int, scope: "Scope", site) -> Value:
+        """Calls that are not library constructors: torch functions, methods of known values, builtins that
+        pass items through, and the file's own functions and classes."""
+        if q:
+            parts = q.split(".")
+            if parts[0] == "torch":
+                return self._torch_call(call, parts, order, scope)
+            return UNKNOWN
+        func = call.func
+        if isinstance(func, cst.Name):
+            name = func.value
+            if name == "next" and call.args:
+                return self.item_of(call.args[0].value, order, scope, ())
+            if name in ("iter", "tqdm", "list", "tuple") and call.args and self.binding_at(name, order, scope) is None:
+                return self.value(call.args[0].value, order, scope)
+        if isinstance(func, cst.Attribute):
+            receiver = self.value(func.value, order, scope)
+            method = func.attr.value
+            known = self._method_value(call, receiver, method, order, scope)
+            if known is not None:
+                return known
+        if site is not None:
+            return self._own_call_value(call, site)
+        return UNKNOWN
+
+    def _torch_call(self, call: cst.Call, parts: list[str], order: int, scope: "Scope") -> Value:
+        last = parts[-1]
+        if len(parts) == 2 and last == "device":
+            text = string_value(call_arg(call, 0, "type"))
+            return Value(DEVICE, call, {"device": text})
+        if len(parts) == 2 and last == "compile":
+            return self.value(call_arg(call, 0, "model"), order, scope)
+        if parts[1] == "nn" and last[:1].isupper():
+            if last in ("Parameter", "Buffer"):
+                return _tensor(call)
+            if len(parts) == 3 or parts[2] == "modules":
+                return Value("model", call, {"class": last, "module": True})
+            return UNKNOWN
+        if parts[1] in ("cuda", "distributed", "utils", "backends", "optim", "amp", "jit", "onnx", "hub", "multiprocessing"):
+            return UNKNOWN
+        if last in _TORCH_NOT_TENSOR or last.startswith(("is_", "set_", "get_")):
+            return UNKNOWN
+        if parts[:3] == ["torch", "nn", "functional"] and ("loss" in last or "entropy" in last):
+            return _tensor(call, loss=call)
+        if len(parts) == 2 or parts[1] in ("nn", "linalg", "fft", "special") or last[:1].isupper():
+            return _tensor(call, created=".".join(parts))
+        return UNKNOWN
+
+    def _method_value(self, call: cst.Call, receiver: Value, method: str, order: int, scope: "Scope") -> Optional[Value]:
+        kind = receiver.kind
+        if kind == TENSOR:
+            if method in _TENSOR_TO_PYTHON:
+                return UNKNOWN
+            return Value(TENSOR, call, base=receiver)
+        if kind == "model":
+            if method in _MODULE_SELF:
+                return receiver
+            if method == "forward":
+                return Value(MODEL_OUTPUT, call, {"model": receiver})
+            if method == "generate":
+                return _tensor(call)
+            if method in ("merge_and_unload", "get_base_model"):
+                return receiver.derive(call)
+            return None
+        if kind == "tokenizer" and method in ("__call__", "encode_plus", "batch_encode_plus", "pad"):
+            return Value(TOKENIZER_OUTPUT, call)
+        if kind == TOKENIZER_OUTPUT and method in ("to", "cuda"):
+            return receiver  # BatchEncoding.to moves in place and returns itself
+        if kind == BATCH:
+            if method in ("pop", "get", "__getitem__"):
+                return _tensor(call, batch_item=receiver)
+            if method in ("to", "cuda"):
+                return receiver
+        if kind == "accelerator":
+            if method == "unwrap_model" and call.args:
+                return self.value(call.args[0].value, order, scope)
+            if method in ("gather", "gather_for_metrics", "reduce", "pad_across_processes"):
+                return _tensor(call)
+        return None
+
+    def _own_call_value(self, call: cst.Call, site: "CallSite") -> Value:
+        func = call.func
+        if isinstance(func, cst.Name) and func.value in self.classes and self.binding_at(func.value, site.order, site.scope) is not None:
+            if self.is_module_class(func.value):
+                return Value("model", call, {"class": func.value, "module": True})
+            return UNKNOWN
+        for callee in self.callee_scopes(site):
+            for ret in self.returns.get(id(callee), ()):
+                if ret.value is None:
+                    continue
+                value = self.value(ret.value, ret.order, ret.scope)
+                if value.kind != "unknown":
+                    return value
+        # A call of a model: the forward pass (of a loss module: the loss).
+        callee = self.value(func, site.order, site.scope) if name_key(func) is not None else UNKNOWN
+        if callee.kind == "model":
+            if str(callee.trait("class") or "").endswith("Loss"):
+                return _tensor(call, loss=call)
+            return Value(MODEL_OUTPUT, call, {"model": callee})
+        if callee.kind == "tokenizer":
+            return Value(TOKENIZER_OUTPUT, call)
+        return UNKNOWN
+
+    # ------------------------------------------------------------------ bindings that are not plain assignments
+
+    def _flow_binding_value(self, binding: "Binding") -> Value:
+        if binding.kind == "for" and binding.value is not None:
+            return self.item_of(binding.value, binding.order, binding.scope, binding.path)
+        if binding.kind == "unpack" and binding.value is not None:
+            nxt = binding.value
+            if isinstance(nxt, cst.Call) and isinstance(nxt.func, cst.Name) and nxt.func.value == "next" and nxt.args:
+                return self.item_of(nxt.args[0].value, binding.order, binding.scope, binding.path)
+            whole = self.value(binding.value, binding.order, binding.scope)
+            return self.element(whole, binding.path or ((binding.index,) if binding.index is not None else ()))
+        if binding.kind == "with" and binding.value is not None:
+            return self.element(self.value(binding.value, binding.order, binding.scope), binding.path)
+        if binding.kind == "param":
+            return self._param_value(binding)
+        return UNKNOWN
+
+    def _param_value(self, binding: "Binding") -> Value:
+        """A parameter is what the file's calls pass to it (the first call that passes something known),
+        else its default."""
+        for arg, order, scope in self._param_arguments(binding):
+            value = self.value(arg, order, scope)
+            if value.kind != "unknown":
+                return value
+        param = binding.target
+        if isinstance(param, cst.Param) and param.default is not None:
+            return self.value(param.default, binding.order, binding.scope)
+        return UNKNOWN
+
+    def param_argument(self, binding: "Binding"):
+        """(the argument, order, scope) the first call of the function passes for parameter ``binding``."""
+        return next(self._param_arguments(binding), None)
+
+    def _param_arguments(self, binding: "Binding"):
+        """(argument, order, scope) for each call of the file that passes parameter ``binding``."""
+        function, param = binding.scope, binding.target
+        if not isinstance(function.node, cst.FunctionDef) or not isinstance(param, cst.Param):
+            return
+        params = [*function.node.params.posonly_params, *function.node.params.params]
+        position = next((i for i, p in enumerate(params) if p is param), None)  # None: keyword-only, *args
+        is_method = function.parent is not None and function.parent.kind == "class" and "staticmethod" not in (
+            d.split(".")[-1] for d in function.decorators
+        )
+        if is_method and position is not None:
+            position -= 1
+            if position < 0:
+                return  # self / cls
+        for site in self.call_sites_of(function):
+            arg = call_arg(site.node, position, param.name.value)
+            if arg is not None:
+                yield arg, site.order, site.scope
+
+    def iterated(self, loop) -> Optional[tuple[cst.BaseExpression, cst.CSTNode]]:
+        """(the collection a loop really iterates, the node that shows it): ``for b in tqdm(enumerate(dl))`` ->
+        ``dl``; ``it = iter(dl)`` / ``while True: b = next(it)`` -> ``dl``; the file's own generators are
+        followed to what they iterate (their parameter's argument)."""
+        if isinstance(loop.node, cst.For):
+            return self.source_of(loop.iter, loop.order, loop.scope), loop.iter
+        for bindings in (loop.scope.bindings.values() if loop.scope is not None else ()):
+            for binding in bindings:
+                value = binding.value
+                if (
+                    loop.order < binding.order < loop.end_order
+                    and isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "next" and value.args
+                ):
+                    return self.source_of(value.args[0].value, binding.order, binding.scope), value
+        return None
+
+    def source_of(self, iterable: cst.BaseExpression, order: int, scope: "Scope", depth: int = 0) -> cst.BaseExpression:
+        if depth > 6:
+            return iterable
+        key = name_key(iterable)
+        if key is not None:
+            binding = self.binding_at(key, order, scope)
+            if binding is not None and binding.kind == "assign" and isinstance(binding.value, cst.Name):
+                # ``it = tmp`` where ``tmp = iter(loader)``: follow; a plain alias of a loader stays as written.
+                found = self.source_of(binding.value, binding.order, binding.scope, depth + 1)
+                return iterable if found is binding.value else found
+            if binding is not None and binding.kind == "assign" and isinstance(binding.value, cst.Call):
+                name = (dotted(binding.value.func) or "").split(".")[-1]
+                if name in _PASS_ITEMS | {"enumerate", "zip"}:
+                    return self.source_of(binding.value, binding.order, binding.scope, depth + 1)
+            if binding is not None and binding.kind == "param":
+                arg = self.param_argument(binding)
+                if arg is not None:
+                    return self.source_of(*arg, depth + 1)
+            return iterable
+        if isinstance(iterable, cst.Call):
+            name = (dotted(iterable.func) or "").split(".")[-1]
+            args = [a.value for a in iterable.args if a.keyword is None and not a.star]
+            if name in _PASS_ITEMS | {"enumerate", "zip"} and args and (self.qualname(iterable.func) or "").split(".")[0] in ("", "tqdm", "rich"):
+                return self.source_of(args[0], order, scope, depth + 1)
+            site = self._call_by_node.get(id(iterable))
+            if site is not None and site.qualname is None:
+                for callee in self.callee_scopes(site):
+                    for yielded in self.yields.get(id(callee), ()):
+                        if yielded.kind == "yield from" and yielded.value is not None:
+                            return self.source_of(yielded.value, yielded.order, yielded.scope, depth + 1)
+                        loop = next((f for f in reversed(self._loops_around(yielded)) if f.iter is not None), None)
+                        if loop is not None:
+                            return self.source_of(loop.iter, loop.order, loop.scope, depth + 1)
+        return iterable
+
+    def _loops_around(self, site) -> list:
+        return [loop for loop in self.loops if loop.scope is site.scope and loop.order < site.order < loop.end_order]
+
+    def item_of(self, iterable: cst.CSTNode, order: int, scope: "Scope", path: tuple[int, ...]) -> Value:
+        """What ``for <target> in iterable`` binds at ``path`` inside the target."""
+        key = name_key(iterable)
+        if key is not None:
+            binding = self.binding_at(key, order, scope)
+            # ``it = iter(enumerate(loader))`` ... ``next(it)``: the items of what the name was made from.
+            if binding is not None and binding.kind == "assign" and isinstance(binding.value, (cst.Call, cst.Name)):
+                # ``it = iter(enumerate(loader))`` / ``it = batches(loader)`` ... ``next(it)``: the items of
+                # what the name was made from.
+                return self.item_of(binding.value, binding.order, binding.scope, path)
+        if isinstance(iterable, cst.Call):
+            func = iterable.func
+            name = (dotted(func) or "").split(".")[-1]
+            args = [a.value for a in iterable.args if a.keyword is None and not a.star]
+            if name in _PASS_ITEMS and args and (self.qualname(func) or "").split(".")[0] in ("", "tqdm", "rich"):
+                return self.item_of(args[0], order, scope, path)
+            if name == "enumerate" and args:
+                if not path or path[0] == 0:
+                    return UNKNOWN
+                return self.item_of(args[0], order, scope, path[1:])
+            if name == "zip" and args:
+                if not path or path[0] >= len(args):
+                    return UNKNOWN
+                return self.item_of(args[path[0]], order, scope, path[1:])
+            if isinstance(func, cst.Attribute) and func.attr.value in ("items", "values") and not iterable.args:
+                container = self.value(func.value, order, scope)
+                if container.kind in (BATCH, TOKENIZER_OUTPUT, MODEL_OUTPUT):
+                    if func.attr.value == "values" and not path:
+                        return _tensor(iterable, batch_item=container)
+                    if func.attr.value == "items" and path[:1] == (1,):
+                        return _tensor(iterable, batch_item=container)
+                return UNKNOWN
+            site = self._call_by_node.get(id(iterable))
+            if site is not None and iterable.func is not None and self.qualname(func) is None:
+                for callee in self.callee_scopes(site):
+                    for yielded in self.yields.get(id(callee), ()):
+                        if yielded.value is None:
+                            continue
+                        if yielded.kind == "yield from":
+                            value = self.item_of(yielded.value, yielded.order, yielded.scope, path)
+                        else:
+                            value = self.element(self.value(yielded.value, yielded.order, yielded.scope), path)
+                        if value.kind != "unknown":
+                            return value
+        return self.element(self._item(self.value(iterable, order, scope)), path)
+
+    def _item(self, iterable: Value) -> Value:
+        if iterable.kind == "dataloader":
+            return Value(BATCH, iterable.node, {"loader": iterable})
+        if iterable.kind == TUPLE:
+            for item in iterable.traits["items"]:
+                order, scope = iterable.traits["at"]
+                value = self.value(item, order, scope)
+                if value.kind != "unknown":
+                    return value
+            return UNKNOWN
+        if iterable.kind in (TENSOR, BATCH):
+            return _tensor(iterable.node, batch_item=iterable) if iterable.kind == BATCH else _tensor(iterable.node)
+        return UNKNOWN
+
+    def element(self, value: Value, path: tuple[int, ...]) -> Value:
+        """The part of ``value`` at ``path`` when it is unpacked (``a, (b, c) = value``)."""
+        for index in path:
+            if value.kind == TUPLE:
+                items = value.traits["items"]
+                if index >= len(items) or isinstance(items[index], cst.StarredElement):
+                    return UNKNOWN
+                order, scope = value.traits["at"]
+                prepared = value.traits.get(TRAIT_PREPARED)
+                value = self.value(items[index], order, scope)
+                if prepared is not None:
+                    value = Value(value.kind, items[index], {TRAIT_PREPARED: prepared}, base=value)
+            elif value.kind == BATCH:
+                value = _tensor(value.node, batch_item=value)
+            elif value.kind in (TENSOR, MODEL_OUTPUT):
+                value = _tensor(value.node)
+            else:
+                return UNKNOWN
+        return value
