@@ -229,13 +229,13 @@ def error_location(display: str, source: NotebookSource, line: int, column: int)
 def check_notebook(
     path: Path, config: "Config", rules: Sequence[type["Rule"]], display: str, data: Optional[bytes] = None
 ) -> "FileResult":
-    from gpudoctor.check.engine import FileResult, check_source, is_relevant
+    from gpudoctor.check.engine import FileProblem, FileResult, UnsafeSource, check_source, is_relevant, problem_result, read_source
 
     if data is None:
         try:
-            data = path.read_bytes()
-        except OSError as error:
-            return FileResult(display, error=f"{display}: cannot read: {error.strerror or error}")
+            data = read_source(path)
+        except FileProblem as problem:
+            return problem_result(display, problem)
     try:
         source = build(load(data))
     except NotebookError as error:
@@ -245,6 +245,10 @@ def check_notebook(
     file_rules = config.rules_for(path, rules)
     try:
         findings = check_source(source.text, display, file_rules)
+    except FileProblem as problem:
+        return problem_result(display, problem)
+    except UnsafeSource:
+        return FileResult(display, unsafe=True)
     except cst.ParserSyntaxError as error:
         message = str(error).strip().splitlines()[0] if str(error).strip() else "invalid syntax"
         line, column = error.raw_line, error.raw_column + 1
@@ -257,7 +261,7 @@ def check_notebook(
             pass
         where = error_location(display, source, line, column)
         return FileResult(display, error=f"{where}: syntax error: {message}")
-    except RecursionError:
+    except (RecursionError, MemoryError):
         return FileResult(display, error=f"{display}: too deeply nested to analyse")
     return FileResult(display, findings=[map_finding(f, source) for f in findings])
 
