@@ -36,6 +36,7 @@ def run_check(args) -> int:
     from gpudoctor.check.engine import check_paths
     from gpudoctor.check.registry import known_codes
 
+    _keep_undecodable_names()
     stdout = Console(highlight=False, soft_wrap=True)
     stderr = Console(stderr=True, highlight=False)
     try:
@@ -93,6 +94,16 @@ def run_check(args) -> int:
         return EXIT_CLEAN
     # A file that could not be read or parsed fails the run like a finding (ruff reports it as one).
     return EXIT_FINDINGS if errors or any(f.severity.fails for f in findings) else EXIT_CLEAN
+
+
+def _keep_undecodable_names() -> None:
+    """A file name that is not UTF-8 reaches us with its bytes as surrogates (os.fsdecode): print those
+    bytes back, as ``ls`` does, instead of dying on them."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="surrogateescape")
+        except (AttributeError, ValueError, OSError):
+            pass  # not a text file stream (captured by a test harness)
 
 
 def _usage_problem(args) -> str:

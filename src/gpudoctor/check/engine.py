@@ -249,7 +249,7 @@ def nesting(tree: ast.AST) -> int:
     while stack:
         node, depth = pop()
         if type(node) is bool_op:
-            depth += len(node.values) - 1
+            depth += len(node.values) - 2  # n operands: a chain of n - 1 nodes instead of one
         if depth > deepest:
             deepest = depth
         for child in children(node):
