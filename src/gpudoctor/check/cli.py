@@ -259,5 +259,5 @@ def run_clean(args) -> int:
     if outcome == "removed":
         Console(highlight=False).print(f"Removed {folder}")
         return EXIT_CLEAN
-    Console(stderr=True, highlight=False).print(f"{folder}: {outcome}")
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"{folder}: {outcome}")
     return EXIT_CLEAN if outcome.startswith("removed") else EXIT_ERROR
