@@ -297,12 +297,12 @@ def suppressed_codes(comment: str) -> Optional[set[str]]:
     if noqa:
         if noqa.group("colon") is None:
             return set()
-        codes = _listed_codes(noqa.group("codes"))
+        codes = _listed_codes(noqa.group("codes")) or None  # `# noqa: junk` suppresses nothing
     ignore = _IGNORE.search(comment)
     if ignore:
         if ignore.group("codes") is None:
             return set()
-        codes = (codes or set()) | _listed_codes(ignore.group("codes").replace(",", " "))
+        codes = (codes or set()) | _listed_codes(ignore.group("codes").replace(",", " ")) or codes
     return codes
 
 
