@@ -229,7 +229,9 @@ def error_location(display: str, source: NotebookSource, line: int, column: int)
 def check_notebook(
     path: Path, config: "Config", rules: Sequence[type["Rule"]], display: str, data: Optional[bytes] = None
 ) -> "FileResult":
-    from gpudoctor.check.engine import FileProblem, FileResult, UnsafeSource, check_source, is_relevant, problem_result, read_source
+    from gpudoctor.check.engine import (
+        MAX_FILE_BYTES, FileProblem, FileResult, UnsafeSource, check_source, is_relevant, problem_result, read_source, too_big,
+    )
 
     if data is None:
         try:
@@ -240,8 +242,11 @@ def check_notebook(
         source = build(load(data))
     except NotebookError as error:
         return FileResult(display, error=f"{display}:{error}" if str(error)[:1].isdigit() else f"{display}: {error}")
-    if not source.python or not source.text or not is_relevant(source.text.encode("utf-8", "surrogatepass")):
+    code = source.text.encode("utf-8", "surrogatepass")
+    if not source.python or not source.text or not is_relevant(code):
         return FileResult(display, skipped=True)
+    if len(code) > MAX_FILE_BYTES:
+        return FileResult(display, error=f"{display}: its code cells: " + too_big(len(code), MAX_FILE_BYTES))
     file_rules = config.rules_for(path, rules)
     try:
         findings = check_source(source.text, display, file_rules)

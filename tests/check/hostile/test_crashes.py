@@ -288,3 +288,16 @@ def test_file_names_that_are_not_utf8(tmp_path):
     for fmt in ("text", "json", "github"):
         done = cli(tmp_path, "check", ".", "--no-cache", "--output-format", fmt)
         assert done.returncode == 1 and "Traceback" not in done.stderr, (fmt, done.stderr)
+
+
+def test_a_notebook_is_held_to_the_limit_by_its_code_not_its_outputs(tmp_path):
+    cell = {"cell_type": "code", "metadata": {}, "execution_count": 1, "source": BACKWARD,
+            "outputs": [{"output_type": "display_data", "metadata": {}, "data": {"image/png": "A" * (MAX_FILE_BYTES + 10)}}]}
+    nb = {"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    write(tmp_path, "plots.ipynb", json.dumps(nb))
+    big = dict(cell, source="import torch\n" + "#" * MAX_FILE_BYTES + "\n", outputs=[])
+    write(tmp_path, "huge.ipynb", json.dumps(dict(nb, cells=[big])))
+    result = check_paths([str(tmp_path)], Config(root=tmp_path))
+    assert [(Path(f.path).name, f.code) for f in result.findings] == [("plots.ipynb", "GD104")]
+    [error] = result.errors
+    assert "huge.ipynb: its code cells: skipped" in error
