@@ -196,23 +196,28 @@ def too_big(size: int, limit: int) -> str:
 
 
 def guard_source(source: str, path: str) -> None:
-    """Refuse, cleanly, what would crash or stall libcst's native parser (issue 11): CPython parses
-    first (its parser caps brackets at 200 levels and raises RecursionError on deeper trees), then the
-    nesting depth of the tree is measured without recursion. Raises FileProblem; raises UnsafeSource
-    when CPython rejects the code for another reason (newer syntax, or a syntax error): libcst may
-    still parse it, but only in a process that is allowed to die (see ``_run``)."""
+    """Refuse, cleanly, what would crash or stall libcst's native parser (issue 11).
+
+    Most files are shallow (see :func:`shallow`, ~1 % of a parse): libcst cannot get deep on them.
+    The others are parsed by CPython first (its parser caps brackets at 200 levels and raises
+    RecursionError on deeper trees), then the nesting depth of its tree is measured without
+    recursion. Raises FileProblem; raises UnsafeSource when CPython rejects the code for another
+    reason (newer syntax, or a syntax error): libcst may still parse it, but only in a process that is
+    allowed to die (see ``_run``)."""
+    if shallow(source):
+        return
     try:
         tree = compile(source, path, "exec", _AST_FLAGS, dont_inherit=True)
     except SyntaxError as error:
         if any(words in str(error.msg) for words in _NESTING_ERRORS):
             raise FileProblem(f"{error.lineno or 1}:{error.offset or 1}: syntax error: {error.msg}") from None
-        if not _ISOLATED and not shallow(source):
+        if not _ISOLATED:
             raise UnsafeSource() from None
         return
     except (RecursionError, MemoryError):
         raise FileProblem(f"too deeply nested to analyse (over {MAX_NESTING} levels)") from None
     except ValueError:  # null bytes
-        if not _ISOLATED and not shallow(source):
+        if not _ISOLATED:
             raise UnsafeSource() from None
         return
     if nesting(tree) > MAX_NESTING:
@@ -229,17 +234,36 @@ _NESTING_ERRORS = ("too many nested", "too many levels of indentation", "too com
 _ISOLATED = False
 
 
+# Strings and comments, as the tokenizer sees them (leftmost first, so a `#` in a string is not a
+# comment and a quote in a comment is not a string); blanked before brackets are counted.
+_STRINGS_AND_COMMENTS = re.compile(
+    r"[rRbBuUfF]{0,2}(?:"
+    r"'''.*?'''"
+    r'|""".*?"""'
+    r"|'(?:[^'\\\r\n]|\\.)*'"
+    r'|"(?:[^"\\\r\n]|\\.)*"'
+    r")|#[^\r\n]*",
+    re.DOTALL,
+)
+
+
+def _blank(match: re.Match) -> str:
+    text = match.group()
+    return "s" + "".join(c for c in text if c in "\r\n")  # keep the line count
+
+
 def shallow(source: str, longest: int = 2 * MAX_NESTING) -> bool:
-    """For code CPython cannot parse: True when no logical line (physical lines joined while a bracket
-    is open or a backslash continues them) is longer than ``longest`` characters, brackets nest under
-    100 levels and blocks under 100: then libcst's tree cannot get deep enough to crash or stall."""
+    """True when no logical line (physical lines joined while a bracket is open or a backslash
+    continues them; strings and comments blanked) is longer than ``longest`` characters, brackets
+    nest under 100 levels and indentation stays under 200 characters: libcst's tree cannot then get
+    deep enough to crash or stall (its depth is bounded by a logical line's tokens plus the blocks)."""
     depth = length = 0
-    for line in source.splitlines():
+    for line in _STRINGS_AND_COMMENTS.sub(_blank, source).splitlines():
         opened = line.count("(") + line.count("[") + line.count("{")
         closed = line.count(")") + line.count("]") + line.count("}")
         depth = max(depth + opened - closed, 0)
         length += len(line)
-        if length > longest or opened > 100 or depth > 100 or len(line) - len(line.lstrip()) > 400:
+        if length > longest or opened > 100 or depth > 100 or len(line) - len(line.lstrip()) > 200:
             return False
         if depth == 0 and not line.endswith("\\"):
             length = 0
