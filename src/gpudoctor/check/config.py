@@ -150,23 +150,32 @@ class Config:
 
     def for_file(self, path: Path) -> "Config":
         """The configuration ``path`` is checked with: with ``hierarchical``, the nearest
-        [tool.gpudoctor] above the file (command-line options applied on top), else this one."""
+        [tool.gpudoctor] above the file (command-line options applied on top), else this one.
+        Each folder is looked at once per run."""
         if not self.hierarchical:
             return self
         folder = Path(os.path.abspath(path)).parent
-        if folder not in self._nearest:
-            found = _nearest_table(folder)
-            if found is None or found[0] == self.source:
-                config = self
-            else:
-                candidate, table = found
-                config = Config.from_table(table, candidate.parent, candidate)
+        if folder in self._nearest:
+            return self._nearest[folder]
+        walked = []
+        config = self
+        for parent in (folder, *folder.parents):
+            if parent in self._nearest:
+                config = self._nearest[parent]
+                break
+            walked.append(parent)
+            candidate = parent / "pyproject.toml"
+            table = _table_at(candidate)
+            if table is None:
+                continue
+            if candidate != self.source:
+                config = Config.from_table(table, parent, candidate)
                 if self.overrides is not None:
                     self.overrides.apply(config)
-                # Several folders share one pyproject: one Config object each (the cache groups by it).
-                config = next((c for c in self._nearest.values() if c.source == candidate), config)
-            self._nearest[folder] = config
-        return self._nearest[folder]
+            break
+        for parent in walked:
+            self._nearest[parent] = config
+        return config
 
     # ---------------------------------------------------------------- questions
 
@@ -209,16 +218,18 @@ class Config:
 def _nearest_table(folder: Path) -> Optional[tuple[Path, dict]]:
     """(pyproject.toml, its [tool.gpudoctor] table) nearest at or above ``folder``, or None."""
     for parent in (folder, *folder.parents):
-        candidate = parent / "pyproject.toml"
-        try:
-            is_file = candidate.is_file()
-        except OSError:
-            continue
-        if is_file:
-            table = _read_table(candidate)
-            if table is not None:
-                return candidate, table
+        table = _table_at(parent / "pyproject.toml")
+        if table is not None:
+            return parent / "pyproject.toml", table
     return None
+
+
+def _table_at(candidate: Path) -> Optional[dict]:
+    try:
+        is_file = candidate.is_file()
+    except OSError:
+        return None
+    return _read_table(candidate) if is_file else None
 
 
 def _read_table(path: Path) -> Optional[dict]:
