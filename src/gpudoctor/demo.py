@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import subprocess
 import sys
 import tempfile
@@ -15,12 +16,32 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.rule import Rule
 
 from gpudoctor.check.docs import bundled_dir
 from gpudoctor.trace.frames import short_path
 
 TRACE_SCRIPT = "demo_device_mismatch.py"
+# What the trace and train parts import (the `runtime` extra of pyproject.toml).
+RUNTIME_MODULES = ("torch", "accelerate", "transformers", "peft")
+
+
+def missing_runtime(modules=RUNTIME_MODULES) -> list[str]:
+    """The runtime modules that cannot be imported here (found without importing them)."""
+    missing = []
+    for name in modules:
+        try:
+            if importlib.util.find_spec(name) is None:
+                missing.append(name)
+        except (ImportError, ValueError):
+            missing.append(name)
+    return missing
+
+
+def runtime_problem(part: str, missing: list[str]) -> str:
+    names = ", ".join(missing)
+    return f"the {part} needs the runtime extra, missing module{'s' if len(missing) > 1 else ''}: {names} (pip install 'gpudoctor[runtime]')"
 
 
 def main(argv: list[str]) -> int:
@@ -41,7 +62,7 @@ def main(argv: list[str]) -> int:
     elapsed = time.perf_counter() - started
     if problems:
         for problem in problems:
-            console.print(f"[bold red]demo problem:[/] {problem}")
+            console.print(f"[bold red]demo problem:[/] {escape(problem)}")
         return 1
     console.print(f"[bold green]demo complete[/] in {elapsed:.1f} s")
     return 0
@@ -78,6 +99,9 @@ def demo_trace(console: Console) -> list[str]:
     console.print(Rule("[bold]2. gpudoctor trace[/] — a device mismatch on two virtual GPUs"))
     if not script.is_file():
         return [f"missing bundled script {script}"]
+    missing = missing_runtime(("torch",))  # the traced script imports torch; trace does not
+    if missing:
+        return [runtime_problem("trace demo", missing)]
     console.print(f"[dim]$ gpudoctor trace {script.name}[/]")
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "trace.json"
@@ -99,10 +123,10 @@ def demo_trace(console: Console) -> list[str]:
 
 def demo_train(console: Console, steps: int) -> list[str]:
     console.print(Rule("[bold]3. gpudoctor reference-train[/] — LoRA done right, on a tiny model"))
-    try:
-        from gpudoctor.reference.trainer import TrainConfig, train
-    except ImportError as error:  # the runtime extras are not installed
-        return [f"the reference trainer needs the runtime extras (pip install 'gpudoctor[runtime]'): {error}"]
+    missing = missing_runtime()
+    if missing:
+        return [runtime_problem("reference trainer", missing)]
+    from gpudoctor.reference.trainer import TrainConfig, train
     with tempfile.TemporaryDirectory() as folder:
         result = train(TrainConfig(steps=steps, output_dir=folder), console=console)  # prints bar and summary
     first, last = result.losses[: max(len(result.losses) // 5, 1)], result.losses[-max(len(result.losses) // 5, 1) :]

@@ -100,7 +100,7 @@ def test_no_cache_flag_and_clean(tmp_path, monkeypatch, capsys) -> None:
     assert main(["clean"]) == 0
     assert "Removed" in capsys.readouterr().out
     assert not (tmp_path / ".gpudoctor_cache").exists()
-    assert cache.clean(tmp_path) is None
+    assert cache.clean(tmp_path) == (None, "")
 
 
 def test_cache_lives_in_the_config_root(tmp_path, monkeypatch) -> None:
@@ -111,7 +111,7 @@ def test_cache_lives_in_the_config_root(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(sub)
     main(["check", "t.py", "-q"])
     assert (tmp_path / ".gpudoctor_cache").is_dir() and not (sub / ".gpudoctor_cache").exists()
-    assert cache.clean(sub) == str(tmp_path / ".gpudoctor_cache")
+    assert cache.clean(sub) == (str(tmp_path / ".gpudoctor_cache"), "removed")
 
 
 def test_corrupt_cache_is_ignored(tmp_path) -> None:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
+import re
+import stat
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -76,6 +77,29 @@ def settings_key(config: "Config") -> str:
 
 def cache_dir(root: Path) -> Path:
     return Path(root) / CACHE_DIR
+
+
+# The only files the cache writes (a hostile repository may commit a `.gpudoctor_cache` link or fill
+# the folder: nothing else is ever deleted, and a link is never followed).
+_SETTINGS_FILE = re.compile(r"[0-9a-f]{20}\.json")
+_OWN_FILES = ("CACHEDIR.TAG", ".gitignore")
+_TEMP_FILE = re.compile(r"\.tmp-\w+\.json")
+# A settings file bigger than this is not ours to read.
+MAX_CACHE_BYTES = 256 * 2**20
+
+
+def _real_folder(folder: Path) -> bool:
+    """True when ``folder`` is a folder itself, not a symbolic link (or junction) to one."""
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and not _is_junction(folder)
+
+
+def _is_junction(folder: Path) -> bool:
+    is_junction = getattr(os.path, "isjunction", None)
+    return bool(is_junction and is_junction(folder))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -146,13 +170,17 @@ class Cache:
         from gpudoctor.check.engine import FileResult
 
         entry = self._load().get(self.key(path))
-        if not entry or entry.get("digest") != file_digest:
-            return None
-        try:
-            findings = [finding_from_data(f, display) for f in entry.get("findings", ())]
-        except (KeyError, TypeError, ValueError):
+        # An entry of the wrong shape (hand-edited, another version, a hostile repository) is a miss.
+        if not isinstance(entry, dict) or entry.get("digest") != file_digest:
             return None
         error = entry.get("error")
+        findings = entry.get("findings", [])
+        if not isinstance(findings, list) or not (error is None or isinstance(error, str)):
+            return None
+        try:
+            findings = [finding_from_data(f, display) for f in findings]
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+            return None
         return FileResult(display, findings=findings, error=display + error if error is not None else None)
 
     def put(self, path: Path, file_digest: str, result: "FileResult") -> None:
@@ -170,11 +198,17 @@ class Cache:
             return
         folder = self.file.parent
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            try:
+                folder.mkdir(exist_ok=False)
+            except FileExistsError:
+                pass
+            if not _real_folder(folder):
+                return  # a link or a file in its place: never write through it
             for name, text in (("CACHEDIR.TAG", _CACHEDIR_TAG), (".gitignore", "# Created by gpudoctor.\n*\n")):
                 marker = folder / name
-                if not marker.exists():
-                    marker.write_text(text, encoding="utf-8")
+                if not os.path.lexists(marker):
+                    with open(marker, "x", encoding="utf-8") as handle:  # "x": never through a link
+                        handle.write(text)
             entries = _read(self.file)  # another process may have added entries meanwhile
             entries.update(self._dirty)
             fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
@@ -197,21 +231,51 @@ class Cache:
 MAX_SETTINGS_FILES = 8
 
 
-def _prune(folder: Path, keep: Path) -> None:
+def _own_files(folder: Path) -> list[tuple[Path, os.stat_result]]:
+    """The regular files in ``folder`` that the cache writes (never a link, never anything else)."""
+    out = []
     try:
-        files = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+        names = os.listdir(folder)
     except OSError:
+        return out
+    for name in names:
+        if not (_SETTINGS_FILE.fullmatch(name) or _TEMP_FILE.fullmatch(name) or name in _OWN_FILES):
+            continue
+        try:
+            info = os.lstat(folder / name)
+        except OSError:
+            continue
+        if stat.S_ISREG(info.st_mode):
+            out.append((folder / name, info))
+    return out
+
+
+def _prune(folder: Path, keep: Path) -> None:
+    if not _real_folder(folder):
         return
-    for old in [f for f in files if f != keep][MAX_SETTINGS_FILES - 1 :]:
+    files = [(p, i) for p, i in _own_files(folder) if _SETTINGS_FILE.fullmatch(p.name) and p != keep]
+    files.sort(key=lambda item: item[1].st_mtime, reverse=True)
+    for old, _ in files[MAX_SETTINGS_FILES - 1 :]:
         _unlink(str(old))
 
 
 def _read(file: Path) -> dict[str, dict]:
-    try:
-        with open(file, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
+    if not _real_folder(file.parent):
         return {}
+    try:
+        fd = os.open(file, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return {}
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_CACHE_BYTES:
+            return {}
+        with os.fdopen(fd, encoding="utf-8", closefd=False) as handle:
+            data = json.load(handle)
+    except (OSError, ValueError, RecursionError):
+        return {}
+    finally:
+        os.close(fd)
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
         return {}
     return data["entries"]
@@ -224,10 +288,11 @@ def _unlink(path: str) -> None:
         pass
 
 
-def clean(root: Path) -> Optional[str]:
-    """Remove ``<root>/.gpudoctor_cache`` (root: the config root, found from ``root`` upwards).
+def clean(root: Path) -> tuple[Optional[str], str]:
+    """Remove the files ``<root>/.gpudoctor_cache`` holds that the cache wrote, then the folder when it
+    is left empty (root: the config root, found from ``root`` upwards). A link is never followed.
 
-    Returns what was removed (for the message), or None when there was no cache.
+    Returns (the folder, what happened) for the message; (None, "") when there was no cache.
     """
     from gpudoctor.check.config import Config, ConfigError
 
@@ -238,7 +303,21 @@ def clean(root: Path) -> Optional[str]:
         pass
     for folder in dict.fromkeys(c.resolve() for c in candidates):
         target = cache_dir(folder)
-        if target.is_dir():
-            shutil.rmtree(target, ignore_errors=True)
-            return str(target)
-    return None
+        if not os.path.lexists(target):
+            continue
+        if not _real_folder(target):
+            return str(target), "not removed: it is not a folder but a link or a file, and gpudoctor never follows or deletes it"
+        removed = 0
+        for path, _ in _own_files(target):
+            try:
+                os.unlink(path)
+                removed += 1
+            except OSError:
+                pass
+        try:
+            os.rmdir(target)
+        except OSError:
+            left = "; other files were left in place" if os.path.isdir(target) else ""
+            return str(target), f"removed {removed} cache file{'s' if removed != 1 else ''}{left}"
+        return str(target), "removed"
+    return None, ""

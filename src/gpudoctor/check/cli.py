@@ -10,21 +10,24 @@ from pathlib import Path
 from rich.console import Console
 
 from gpudoctor.check import versions
-from gpudoctor.check.config import Config, ConfigError
+from gpudoctor.check.config import Config, ConfigError, Overrides
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
 
 def load_config(args) -> Config:
-    config = Config.from_file(Path(args.config)) if args.config else Config.discover()
-    if args.select is not None:
-        config.select = args.select
-    if args.extend_select:
-        config.select = list(config.select or ["GD"]) + args.extend_select
-    config.ignore = list(config.ignore) + args.ignore
-    config.exclude = list(config.exclude) + args.exclude
-    config.preview = config.preview or args.preview
-    config.force_exclude = config.force_exclude or args.force_exclude
+    """``--config FILE`` serves every file; without it each file gets the nearest [tool.gpudoctor] above
+    it (like ruff), the working folder's serving files that have none. Options apply on top of both."""
+    if args.config:
+        config = Config.from_file(Path(args.config))
+    else:
+        config = Config.discover()
+        config.hierarchical = True
+    overrides = Overrides(
+        select=args.select, extend_select=args.extend_select, ignore=args.ignore, exclude=args.exclude,
+        preview=args.preview, force_exclude=args.force_exclude,
+    )
+    overrides.apply(config)
     versions.set_targets(config.target_versions)
     _assume_hardware(config, getattr(args, "gpus", None))
     return config
@@ -52,6 +55,7 @@ def run_check(args) -> int:
     from gpudoctor.check.engine import check_paths
     from gpudoctor.check.registry import known_codes
 
+    _keep_undecodable_names()
     stdout = Console(highlight=False, soft_wrap=True)
     stderr = Console(stderr=True, highlight=False)
     try:
@@ -65,36 +69,78 @@ def run_check(args) -> int:
             stderr.print(f"[bold red]error[/]: unknown rule code or prefix {code!r} (see `gpudoctor rule --all`)")
             return EXIT_ERROR
 
-    jobs = args.jobs if args.jobs > 0 else (os.cpu_count() or 1)
-    if args.fix or args.diff:
-        from gpudoctor.check import fixes
+    problem = _usage_problem(args)
+    if problem:
+        stderr.print(f"[bold red]error[/]: {problem}", highlight=False)
+        return EXIT_ERROR
+    # Capped again at the number of files to check (engine._run): never more processes than work.
+    jobs = min(args.jobs, os.cpu_count() or 1) if args.jobs > 0 else (os.cpu_count() or 1)
+    try:
+        if args.fix or args.diff:
+            from gpudoctor.check import fixes
 
-        result = fixes.run_fixes(
-            args.paths, config, unsafe=args.unsafe_fixes, diff_only=args.diff, console=stdout, jobs=jobs, use_cache=not args.no_cache
-        )
-        if args.diff:
-            return _report_diff(result, stderr)
-    else:
-        result = check_paths(args.paths, config, jobs=jobs, use_cache=not args.no_cache)
+            result = fixes.run_fixes(
+                args.paths, config, unsafe=args.unsafe_fixes, diff_only=args.diff, console=stdout, jobs=jobs, use_cache=not args.no_cache
+            )
+            if args.diff:
+                return _report_diff(result, stderr)
+        else:
+            result = check_paths(args.paths, config, jobs=jobs, use_cache=not args.no_cache)
+    except ConfigError as error:  # a checked file's own pyproject.toml
+        stderr.print(f"[bold red]error[/]: {error}", highlight=False)
+        return EXIT_ERROR
 
     findings = result.findings
     errors = result.errors
     checked = sum(1 for r in result.files if not r.error)
-    output = _render(args, findings, errors, checked, stdout, files=[r.path for r in result.files if not r.error and not r.skipped])
-    if output is not None:
-        if args.output_file:
-            Path(args.output_file).write_text(output, encoding="utf-8")
-        else:
-            sys.stdout.write(output if output.endswith("\n") else output + "\n")
+    try:
+        output = _render(args, findings, errors, checked, stdout, files=[r.path for r in result.files if not r.error and not r.skipped])
+        if output is not None:
+            if args.output_file:
+                Path(args.output_file).write_text(output, encoding="utf-8", errors="surrogateescape")
+            else:
+                sys.stdout.write(output if output.endswith("\n") else output + "\n")
+    except OSError as error:
+        stderr.print(f"[bold red]error[/]: cannot write {args.output_file}: {error.strerror or error}", highlight=False)
+        return EXIT_ERROR
     if args.fix and not args.quiet:
         # Machine-readable formats own stdout; the fix summary then goes to stderr.
         summary_console = stdout if args.output_format == "text" and not args.output_file and not args.statistics else stderr
         summary_console.print(_fixed_line(result), highlight=False)
-    if errors and not findings:
+    if result.hard_errors:
         return EXIT_ERROR
     if args.exit_zero:
         return EXIT_CLEAN
-    return EXIT_FINDINGS if any(f.severity.fails for f in findings) else (EXIT_ERROR if errors else EXIT_CLEAN)
+    # A file that could not be read or parsed fails the run like a finding (ruff reports it as one).
+    return EXIT_FINDINGS if errors or any(f.severity.fails for f in findings) else EXIT_CLEAN
+
+
+def _keep_undecodable_names() -> None:
+    """A file name that is not UTF-8 reaches us with its bytes as surrogates (os.fsdecode): print those
+    bytes back, as ``ls`` does, instead of dying on them."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="surrogateescape")
+        except (AttributeError, ValueError, OSError):
+            pass  # not a text file stream (captured by a test harness)
+
+
+def _usage_problem(args) -> str:
+    """What is wrong with the options, found before anything is checked."""
+    if args.jobs < 0:
+        return f"-j/--jobs must be 0 (one per core) or more, got {args.jobs}"
+    if args.statistics and args.output_format not in ("text", "json"):
+        return f"--statistics prints text or json, not {args.output_format}"
+    if args.output_file:
+        target = Path(args.output_file)
+        if target.is_dir():
+            return f"-o {args.output_file}: is a folder; name a file"
+        folder = target.parent
+        if not folder.is_dir():
+            return f"-o {args.output_file}: the folder {folder} does not exist"
+        if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+            return f"-o {args.output_file}: not writable"
+    return ""
 
 
 def _plural(n: int, word: str) -> str:
@@ -133,15 +179,15 @@ def _render(args, findings, errors, checked, console: Console, files=()):
 
             counts = Counter((f.code, f.name) for f in findings)
             return json.dumps([{"code": c, "name": n, "count": k} for (c, n), k in sorted(counts.items(), key=lambda i: (-i[1], i[0]))], indent=2)
+        if args.output_file:
+            return _capture(lambda c: text.statistics(findings, c))
         text.statistics(findings, console)
         return None
     if fmt == "text":
         from gpudoctor.report import text
 
         if args.output_file:
-            file_console = Console(file=open(args.output_file, "w", encoding="utf-8"), highlight=False, no_color=True, width=120)
-            text.render(findings, errors, file_console, checked)
-            return None
+            return _capture(lambda c: text.render(findings, errors, c, checked))
         if args.quiet:
             for finding in findings:
                 text.render_one(finding, console)
@@ -162,6 +208,15 @@ def _render(args, findings, errors, checked, console: Console, files=()):
 
     module = importlib.import_module(f"gpudoctor.report.{fmt}")
     return module.render(findings, errors)
+
+
+def _capture(render) -> str:
+    """What ``render(console)`` prints, as plain text (for -o)."""
+    import io
+
+    buffer = io.StringIO()
+    render(Console(file=buffer, highlight=False, no_color=True, width=120, force_terminal=False))
+    return buffer.getvalue()
 
 
 def run_rule(args) -> int:
@@ -216,6 +271,12 @@ def _rule_dict(rule) -> dict:
 def run_clean(args) -> int:
     from gpudoctor.check import cache
 
-    removed = cache.clean(Path.cwd())
-    Console().print(f"Removed {removed}" if removed else "No cache to remove.")
-    return EXIT_CLEAN
+    folder, outcome = cache.clean(Path.cwd())
+    if folder is None:
+        Console(highlight=False).print("No cache to remove.")
+        return EXIT_CLEAN
+    if outcome == "removed":
+        Console(highlight=False).print(f"Removed {folder}")
+        return EXIT_CLEAN
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"{folder}: {outcome}")
+    return EXIT_CLEAN if outcome.startswith("removed") else EXIT_ERROR

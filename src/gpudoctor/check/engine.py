@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import io
 import os
 import re
+import stat
 import sys
 import tokenize
 from dataclasses import dataclass, field
@@ -28,13 +30,26 @@ SKIP_DIRS = {
 }
 PYTHON_SUFFIXES = (".py", ".pyi", ".ipynb")
 
-# A file is only parsed when it imports one of these (or, for notebooks, mentions them).
+# A file is only parsed when it imports one of these (or, for notebooks, mentions them): at the start of
+# a line (\n, \r\n or a lone \r) or after `;`, also further down an `import a, b as c, torch` list.
 _RELEVANT = re.compile(
-    rb"^[ \t]*(?:from|import)[ \t]+(?:torch|accelerate|transformers|peft|trl|bitsandbytes|deepspeed)\b",
-    re.MULTILINE,
+    rb"(?:^|[\r\n;])[ \t]*(?:from|import(?:[ \t]+[\w.]+(?:[ \t]+as[ \t]+\w+)?[ \t]*,)*)[ \t]*"
+    rb"(?:torch|accelerate|transformers|peft|trl|bitsandbytes|deepspeed)\b",
 )
 
+# Bounds on one file (issue 11): time and memory grow with size (a 1 MiB file of short statements
+# takes ~15 s and 1.5 GB; real training scripts are under 100 KB), and libcst's native parser recurses
+# once per nesting level (it crashes beyond a few thousand levels, and slows quadratically long before).
+MAX_FILE_BYTES = 1024 * 1024
+# A notebook's JSON carries its outputs (images, logs): only its code is held to MAX_FILE_BYTES.
+MAX_NOTEBOOK_BYTES = 64 * 1024 * 1024
+MAX_NESTING = 1000
+
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
+
+
+class FileProblem(Exception):
+    """This file cannot be checked (the message, without the path)."""
 
 
 @dataclass
@@ -43,6 +58,10 @@ class FileResult:
     findings: list[Finding] = field(default_factory=list)
     error: Optional[str] = None  # "path:line:col: message" for files we could not read or parse
     skipped: bool = False  # prefiltered: mentions none of the relevant libraries
+    # What an error means for the exit status: "file" (unreadable, unparsable, too big: fails the run
+    # like a finding, exit 1), "path" (a named path does not exist) or "internal" (our bug): exit 2.
+    error_kind: str = "file"
+    unsafe: bool = False  # not checked here: its parse may crash this process (see guard_source)
 
 
 @dataclass
@@ -61,50 +80,212 @@ class CheckResult:
     def errors(self) -> list[str]:
         return [r.error for r in self.files if r.error]
 
+    @property
+    def hard_errors(self) -> list[str]:
+        """Errors that mean the run itself went wrong (exit 2), not a file that could not be checked."""
+        return [r.error for r in self.files if r.error and r.error_kind != "file"]
+
 
 # --------------------------------------------------------------------------------------------
 # discovery
 
 
-def discover(paths: Sequence[str], config: Config) -> tuple[list[Path], list[str]]:
-    """Expand files and folders; return (files, errors for paths that do not exist)."""
+def discover(paths: Sequence[str], config: Config) -> tuple[list[Path], list[FileResult]]:
+    """Expand files and folders into regular files, each once (by identity, however it is spelled);
+    return (files, errors for paths that do not exist or cannot be listed)."""
     files: list[Path] = []
-    errors: list[str] = []
-    seen: set[Path] = set()
+    errors: list[FileResult] = []
+    seen: set = set()
+
+    def add(candidate: Path, info: os.stat_result) -> None:
+        key = (info.st_dev, info.st_ino)
+        if key not in seen:
+            seen.add(key)
+            files.append(candidate)
+
     for raw in paths:
         path = Path(raw)
-        if not path.exists():
-            errors.append(f"{raw}: no such file or directory")
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            errors.append(FileResult(raw, error=f"{raw}: no such file or directory", error_kind="path"))
             continue
-        if path.is_file():
+        except OSError as error:
+            errors.append(FileResult(raw, error=f"{raw}: cannot read: {error.strerror or error}"))
+            continue
+        if not stat.S_ISDIR(info.st_mode):
+            if not stat.S_ISREG(info.st_mode):
+                errors.append(FileResult(raw, error=f"{raw}: not a regular file (a pipe, device or socket); not read"))
+                continue
             # Explicitly named files are checked even when they match an exclude, like ruff's
             # --force-exclude default off; pre-commit passes files one by one.
-            if config.is_excluded(path) and config.force_exclude:
-                continue
-            if path not in seen:
-                seen.add(path)
-                files.append(path)
+            file_config = config.for_file(path)
+            if not (file_config.force_exclude and file_config.is_excluded(path)):
+                add(path, info)
             continue
-        for root, dirs, names in os.walk(path):
+
+        def unreadable(error: OSError) -> None:
+            where = error.filename or raw
+            errors.append(FileResult(str(where), error=f"{where}: cannot read folder: {error.strerror or error}"))
+
+        for root, dirs, names in os.walk(path, onerror=unreadable):
             root_path = Path(root)
-            dirs[:] = sorted(
-                d for d in dirs
-                if d not in SKIP_DIRS and not d.endswith(".egg-info") and not config.is_excluded(root_path / d)
-                and not (root_path / d / "pyvenv.cfg").exists()
-            )
+            dirs[:] = sorted(d for d in dirs if _descend(root_path / d, config))
             for name in sorted(names):
                 if not name.endswith(PYTHON_SUFFIXES):
                     continue
                 candidate = root_path / name
-                if config.is_excluded(candidate) or candidate in seen:
+                if config.for_file(candidate).is_excluded(candidate):
                     continue
-                seen.add(candidate)
-                files.append(candidate)
+                try:
+                    info = candidate.stat()
+                except OSError:
+                    continue  # a dangling link
+                if stat.S_ISREG(info.st_mode):  # never a FIFO, device or a link to one
+                    add(candidate, info)
     return files, errors
+
+
+def _descend(folder: Path, config: Config) -> bool:
+    name = folder.name
+    if name in SKIP_DIRS or name.endswith(".egg-info") or config.for_file(folder / "x").is_excluded(folder):
+        return False
+    try:
+        return not (folder / "pyvenv.cfg").exists()  # a virtual environment
+    except OSError:
+        return True  # unreadable: os.walk reports it
 
 
 # --------------------------------------------------------------------------------------------
 # reading
+
+
+def read_source(path: Path, limit: Optional[int] = None) -> bytes:
+    """A regular file's bytes, at most ``limit`` of them (default: by kind of file). Raises
+    FileProblem. Opened without blocking and checked after opening, so a FIFO or device (or a link
+    to one) is never read."""
+    if limit is None:
+        limit = MAX_NOTEBOOK_BYTES if path.suffix == ".ipynb" else MAX_FILE_BYTES
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except OSError as error:
+        raise FileProblem(f"cannot read: {error.strerror or error}") from error
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise FileProblem("not a regular file (a pipe, device or socket); not read")
+        if info.st_size > limit:
+            raise FileProblem(too_big(info.st_size, limit))
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise FileProblem(too_big(size, limit))
+        return b"".join(chunks)
+    except OSError as error:
+        raise FileProblem(f"cannot read: {error.strerror or error}") from error
+    finally:
+        os.close(fd)
+
+
+def too_big(size: int, limit: int) -> str:
+    return f"skipped: {size / 2**20:.1f} MiB is over the {limit / 2**20:g} MiB limit for one file (exclude it to silence this)"
+
+
+def guard_source(source: str, path: str) -> None:
+    """Refuse, cleanly, what would crash or stall libcst's native parser (issue 11).
+
+    Most files are shallow (see :func:`shallow`, ~1 % of a parse): libcst cannot get deep on them.
+    The others are parsed by CPython first (its parser caps brackets at 200 levels and raises
+    RecursionError on deeper trees), then the nesting depth of its tree is measured without
+    recursion. Raises FileProblem; raises UnsafeSource when CPython rejects the code for another
+    reason (newer syntax, or a syntax error): libcst may still parse it, but only in a process that is
+    allowed to die (see ``_run``)."""
+    if shallow(source):
+        return
+    try:
+        tree = compile(source, path, "exec", _AST_FLAGS, dont_inherit=True)
+    except SyntaxError as error:
+        if any(words in str(error.msg) for words in _NESTING_ERRORS):
+            raise FileProblem(f"{error.lineno or 1}:{error.offset or 1}: syntax error: {error.msg}") from None
+        if not _ISOLATED:
+            raise UnsafeSource() from None
+        return
+    except (RecursionError, MemoryError):
+        raise FileProblem(f"too deeply nested to analyse (over {MAX_NESTING} levels)") from None
+    except ValueError:  # null bytes
+        if not _ISOLATED:
+            raise UnsafeSource() from None
+        return
+    if nesting(tree) > MAX_NESTING:
+        raise FileProblem(f"too deeply nested to analyse (over {MAX_NESTING} levels)")
+
+
+class UnsafeSource(Exception):
+    pass
+
+
+_AST_FLAGS = ast.PyCF_ONLY_AST | getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
+_NESTING_ERRORS = ("too many nested", "too many levels of indentation", "too complex", "too many statically nested")
+# True in a worker process, whose death the parent survives: parse anything there.
+_ISOLATED = False
+
+
+# Strings and comments, as the tokenizer sees them (leftmost first, so a `#` in a string is not a
+# comment and a quote in a comment is not a string); blanked before brackets are counted.
+_STRINGS_AND_COMMENTS = re.compile(
+    r"[rRbBuUfF]{0,2}(?:"
+    r"'''.*?'''"
+    r'|""".*?"""'
+    r"|'(?:[^'\\\r\n]|\\.)*'"
+    r'|"(?:[^"\\\r\n]|\\.)*"'
+    r")|#[^\r\n]*",
+    re.DOTALL,
+)
+
+
+def _blank(match: re.Match) -> str:
+    text = match.group()
+    return "s" + "".join(c for c in text if c in "\r\n")  # keep the line count
+
+
+def shallow(source: str, longest: int = 2 * MAX_NESTING) -> bool:
+    """True when no logical line (physical lines joined while a bracket is open or a backslash
+    continues them; strings and comments blanked) is longer than ``longest`` characters, brackets
+    nest under 100 levels and indentation stays under 200 characters: libcst's tree cannot then get
+    deep enough to crash or stall (its depth is bounded by a logical line's tokens plus the blocks)."""
+    depth = length = 0
+    for line in _STRINGS_AND_COMMENTS.sub(_blank, source).splitlines():
+        opened = line.count("(") + line.count("[") + line.count("{")
+        closed = line.count(")") + line.count("]") + line.count("}")
+        depth = max(depth + opened - closed, 0)
+        length += len(line)
+        if length > longest or opened > 100 or depth > 100 or len(line) - len(line.lstrip()) > 200:
+            return False
+        if depth == 0 and not line.endswith("\\"):
+            length = 0
+    return True
+
+
+def nesting(tree: ast.AST) -> int:
+    """The depth of libcst's tree for this code, measured on CPython's: ``a and b and c`` is one
+    node there but a chain in libcst, so a boolean operation counts once per operand."""
+    deepest = 0
+    stack = [(tree, 1)]
+    pop, push, children, bool_op = stack.pop, stack.append, ast.iter_child_nodes, ast.BoolOp
+    while stack:
+        node, depth = pop()
+        if type(node) is bool_op:
+            depth += len(node.values) - 2  # n operands: a chain of n - 1 nodes instead of one
+        if depth > deepest:
+            deepest = depth
+        for child in children(node):
+            push((child, depth + 1))
+    return deepest
 
 
 def decode_source(data: bytes) -> str:
@@ -124,38 +305,64 @@ def is_relevant(data: bytes) -> bool:
 # checking one source
 
 
-_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.IGNORECASE)
+_NOQA = re.compile(r"#\s*noqa(?P<colon>\s*:\s*(?P<codes>[^#]*))?", re.IGNORECASE)
 _IGNORE = re.compile(r"#\s*gpudoctor:\s*ignore(?:\[(?P<codes>[^\]]*)\])?", re.IGNORECASE)
+_CODE = re.compile(r"[A-Za-z]+[0-9]+")
 
 
-def suppressed_codes(line: str) -> Optional[set[str]]:
-    """Codes suppressed on ``line``; an empty set means all; None means nothing is suppressed."""
-    if "#" not in line:
-        return None
-    codes: Optional[set[str]] = None
-    for pattern in (_NOQA, _IGNORE):
-        match = pattern.search(line)
-        if match:
-            listed = match.group("codes")
-            if not listed:
-                return set()
-            codes = (codes or set()) | {c.upper() for c in re.split(r"[\s,]+", listed.strip()) if c}
+def _listed_codes(text: str) -> set[str]:
+    """Codes at the start of ``text`` (``GD104, GD105 reason`` -> both); a word that is not exactly a
+    code (``gd104x``) ends the list, so it never matches a code it merely starts with."""
+    codes = set()
+    for word in re.split(r"[\s,]+", text.strip()):
+        if not _CODE.fullmatch(word):
+            break
+        codes.add(word.upper())
     return codes
 
 
-def is_suppressed(finding: Finding, lines: Sequence[str]) -> bool:
+def suppressed_codes(comment: str) -> Optional[set[str]]:
+    """Codes a comment suppresses; an empty set means all; None means nothing is suppressed."""
+    if "#" not in comment:
+        return None
+    codes: Optional[set[str]] = None
+    noqa = _NOQA.search(comment)
+    if noqa:
+        if noqa.group("colon") is None:
+            return set()
+        codes = _listed_codes(noqa.group("codes")) or None  # `# noqa: junk` suppresses nothing
+    ignore = _IGNORE.search(comment)
+    if ignore:
+        if ignore.group("codes") is None:
+            return set()
+        codes = (codes or set()) | _listed_codes(ignore.group("codes").replace(",", " ")) or codes
+    return codes
+
+
+def comments_by_line(source: str) -> dict[int, str]:
+    """Line -> the comments on it, from the tokenizer: a ``# noqa`` inside a
+    string is not a comment. Falls back to the raw lines when this Python cannot tokenize the source."""
+    out: dict[int, str] = {}
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source, newline="").readline):
+            if token.type == tokenize.COMMENT:
+                out[token.start[0]] = out.get(token.start[0], "") + token.string
+    except (tokenize.TokenError, SyntaxError, ValueError):
+        return {n: line for n, line in enumerate(source.splitlines(), start=1) if "#" in line}
+    return out
+
+
+def is_suppressed(finding: Finding, comments: dict[int, str]) -> bool:
     """A ``noqa`` on the finding's first or last line; on a related line only when it names the code
     (``# noqa: GD413``): a bare ``# noqa`` there would silence every chain that line takes part in."""
     for number in {finding.line, finding.end_line}:
-        if 1 <= number <= len(lines):
-            codes = suppressed_codes(lines[number - 1])
-            if codes is not None and (not codes or finding.code in codes):
-                return True
+        codes = suppressed_codes(comments.get(number, ""))
+        if codes is not None and (not codes or finding.code in codes):
+            return True
     for related in finding.related:
-        if 1 <= related.line <= len(lines):
-            codes = suppressed_codes(lines[related.line - 1])
-            if codes and finding.code in codes:
-                return True
+        codes = suppressed_codes(comments.get(related.line, ""))
+        if codes and finding.code in codes:
+            return True
     return False
 
 
@@ -175,6 +382,7 @@ def check_source(
     rule_classes = list(rules) if rules is not None else select_rules()
     active = [r for r in rule_classes if not r.triggers or any(t in source for t in r.triggers)]
     if module is None:
+        guard_source(source, path)
         module = cst.parse_module(source)  # even with no active rule: a syntax error is worth reporting
     if not active:
         return []
@@ -192,6 +400,7 @@ def check_source(
         module, [node for _, report in reports for node in (report.node, *(n for n, _ in report.related))]
     )
     lines = source.splitlines()
+    comments = comments_by_line(source) if "#" in source and not with_suppressed else {}
     findings: list[Finding] = []
     seen = set()
     for rule_class, report in reports:
@@ -218,7 +427,7 @@ def check_source(
             related=_related(report.related, positions, lines, span.start.line),
             node=report.node,
         )
-        if not with_suppressed and is_suppressed(finding, lines):
+        if not with_suppressed and is_suppressed(finding, comments):
             continue
         findings.append(finding)
     findings.sort(key=Finding.sort_key)
@@ -264,15 +473,16 @@ def check_file(
     path: Path, config: Config, rules: Sequence[type[Rule]], display: Optional[str] = None, data: Optional[bytes] = None
 ) -> FileResult:
     shown = display or str(path)
+    use_targets(config)
     if path.suffix == ".ipynb":
         from gpudoctor.check.notebook import check_notebook
 
         return check_notebook(path, config, rules, shown, data=data)
     if data is None:
         try:
-            data = path.read_bytes()
-        except OSError as error:
-            return FileResult(shown, error=f"{shown}: cannot read: {error.strerror or error}")
+            data = read_source(path)
+        except FileProblem as problem:
+            return problem_result(shown, problem)
     if not is_relevant(data):
         return FileResult(shown, skipped=True)
     try:
@@ -284,11 +494,33 @@ def check_file(
 
     try:
         findings = check_source(source, shown, file_rules)
+    except FileProblem as problem:
+        return problem_result(shown, problem)
+    except UnsafeSource:
+        return FileResult(shown, unsafe=True)
     except cst.ParserSyntaxError as error:
         return FileResult(shown, error=syntax_error_message(shown, error, source))
-    except RecursionError:
+    except (RecursionError, MemoryError):
         return FileResult(shown, error=f"{shown}: too deeply nested to analyse")
     return FileResult(shown, findings=findings)
+
+
+def problem_result(shown: str, problem: FileProblem) -> FileResult:
+    message = str(problem)
+    return FileResult(shown, error=f"{shown}:{message}" if message[:1].isdigit() else f"{shown}: {message}")
+
+
+_targets: Optional[dict] = None
+
+
+def use_targets(config: Config) -> None:
+    """Each file's own configuration says which library versions its diagnosis assumes."""
+    global _targets
+    if config.target_versions != _targets:
+        from gpudoctor.check import versions
+
+        versions.set_targets(config.target_versions)
+        _targets = dict(config.target_versions)
 
 
 def safe_check_file(path: Path, config: Config, rules: Sequence[type[Rule]], display: Optional[str] = None, data: Optional[bytes] = None) -> FileResult:
@@ -297,7 +529,8 @@ def safe_check_file(path: Path, config: Config, rules: Sequence[type[Rule]], dis
         return check_file(path, config, rules, display, data)
     except Exception as error:  # noqa: BLE001 - one broken file must not stop the others
         shown = display or str(path)
-        return FileResult(shown, error=f"{shown}: internal error while checking ({type(error).__name__}: {error}); please report it")
+        message = f"{shown}: internal error while checking ({type(error).__name__}: {error}); please report it"
+        return FileResult(shown, error=message, error_kind="internal")
 
 
 def strip_result(result: FileResult) -> FileResult:
@@ -325,31 +558,34 @@ def check_paths(
     progress: Optional[bool] = None,
 ) -> CheckResult:
     """Check files and folders: cached results for unchanged files, the rest in parallel over ``jobs``
-    processes. Findings come back as plain data (see :func:`strip_result`), in discovery order.
+    processes. Findings come back as plain data (see :func:`strip_result`), in discovery order. Each
+    file is checked with ``config.for_file(path)`` (the nearest [tool.gpudoctor] when hierarchical).
 
     ``progress``: None shows a transient bar on stderr when it is a terminal and many files need work.
     """
     config = config or Config()
     files, errors = discover(paths, config)
-    results: list[Optional[FileResult]] = [FileResult(e.split(":")[0], error=e) for e in errors]
-    store = None
-    if use_cache:
-        from gpudoctor.check.cache import Cache
-
-        store = Cache.for_run(config)
-    todo: list[tuple[int, Path]] = []
+    results: list[Optional[FileResult]] = list(errors)
+    stores: dict[int, object] = {}  # one cache per configuration (its root and settings)
+    todo: list[tuple[int, Path, Config]] = []
+    store_of: dict[int, object] = {}
     for path in files:
         index = len(results)
         results.append(None)
-        if store is None:
-            todo.append((index, path))
+        file_config = config.for_file(path)
+        if not use_cache:
+            todo.append((index, path, file_config))
             continue
-        from gpudoctor.check.cache import digest
+        from gpudoctor.check.cache import Cache, digest
 
+        store = stores.get(id(file_config))
+        if store is None:
+            store = stores[id(file_config)] = Cache.for_run(file_config)
+        store_of[index] = store
         try:
-            data = path.read_bytes()
-        except OSError:
-            todo.append((index, path))  # check_file reports it
+            data = read_source(path)
+        except FileProblem:
+            todo.append((index, path, file_config))  # check_file reports it
             continue
         if path.suffix != ".ipynb" and not is_relevant(data):
             results[index] = FileResult(str(path), skipped=True)
@@ -358,88 +594,135 @@ def check_paths(
         if cached is not None:
             results[index] = cached
         else:
-            todo.append((index, path))
+            todo.append((index, path, file_config))
 
-    for index, (result, file_digest) in _run(todo, config, jobs, progress):
+    paths_by_index = {index: path for index, path, _ in todo}
+    for index, (result, file_digest) in _run(todo, jobs, progress):
         results[index] = result
-        if store is not None and file_digest is not None and not result.skipped:
-            store.put(files[index - len(errors)], file_digest, result)
-    if store is not None:
+        store = store_of.get(index)
+        if store is not None and file_digest is not None and not result.skipped and result.error_kind == "file":
+            store.put(paths_by_index[index], file_digest, result)
+    for store in stores.values():
         store.save()
     return CheckResult([r for r in results if r is not None])
 
 
-def _run(todo: list[tuple[int, Path]], config: Config, jobs: int, progress: Optional[bool]):
-    """Yield (index, (FileResult, digest)) for every file in ``todo``, in any order."""
+Todo = list[tuple[int, Path, Config]]
+
+
+def _run(todo: Todo, jobs: int, progress: Optional[bool]):
+    """Yield (index, (FileResult, digest)) for every file in ``todo``, in any order. A file whose parse
+    could crash this process is checked in a child process (see ``_run_isolated``)."""
     if not todo:
         return
     show = progress if progress is not None else (len(todo) > PROGRESS_THRESHOLD and sys.stderr.isatty())
     bar = _Progress(len(todo)) if show else None
+    unsafe: Todo = []
     try:
-        if jobs > 1 and len(todo) > PARALLEL_THRESHOLD:
-            yield from _run_parallel(todo, config, jobs, bar)
-        else:
-            for index, path in todo:
-                yield index, _check_one((path, config))
-                if bar:
-                    bar.advance(1)
+        jobs = min(jobs, len(todo), os.cpu_count() or 1)
+        outcomes = _run_parallel(todo, jobs, bar) if jobs > 1 and len(todo) > PARALLEL_THRESHOLD else _run_here(todo, bar)
+        for index, path, config, outcome in outcomes:
+            if outcome[0].unsafe:
+                unsafe.append((index, path, config))
+            else:
+                yield index, outcome
+        for index, _path, _config, outcome in _run_isolated(unsafe, bar):
+            yield index, outcome
     finally:
         if bar:
             bar.stop()
 
 
-def _run_parallel(todo: list[tuple[int, Path]], config: Config, jobs: int, bar):
+def _run_here(todo: Todo, bar):
+    for index, path, config in todo:
+        yield index, path, config, _check_one(path, config)
+        if bar:
+            bar.advance(1)
+
+
+def _run_parallel(todo: Todo, jobs: int, bar):
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
-    jobs = min(jobs, len(todo))
     # Small chunks keep the workers evenly loaded (file sizes vary a lot); large enough to amortise IPC.
     size = max(1, min(16, len(todo) // (jobs * 4)))
     chunks = [todo[i : i + size] for i in range(0, len(todo), size)]
     done: set[int] = set()
     try:
-        with ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker, initargs=(config.target_versions, hardware.assumed())) as pool:
+        with ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker, initargs=(hardware.assumed(),)) as pool:
             # Submit everything before the progress bar's thread starts: the workers are forked then.
-            futures = {pool.submit(_check_chunk, [p for _, p in chunk], config): chunk for chunk in chunks}
+            futures = {pool.submit(_check_chunk, [(p, c) for _, p, c in chunk]): chunk for chunk in chunks}
             if bar:
                 bar.start()
             for future in as_completed(futures):
                 chunk = futures[future]
-                for (index, _), outcome in zip(chunk, future.result()):
+                for (index, path, config), outcome in zip(chunk, future.result()):
                     done.add(index)
-                    yield index, outcome
+                    yield index, path, config, outcome
                 if bar:
                     bar.advance(len(chunk))
-    except (BrokenProcessPool, OSError, RuntimeError):
-        # A worker died (out of memory, a crash in a C extension) or processes are unavailable here:
-        # finish what is left in this process.
-        for index, path in todo:
-            if index not in done:
-                yield index, _check_one((path, config))
-                if bar:
-                    bar.advance(1)
+    except BrokenProcessPool:
+        # A worker died (a crash in a C extension, out of memory): never retry its files in this
+        # process; each file left is checked alone in a child, so the one that kills it is named.
+        yield from _run_isolated([item for item in todo if item[0] not in done], bar)
+    except (OSError, RuntimeError):
+        # Processes are unavailable here: check in this process (files that could crash it are
+        # still sent to _run_isolated, which reports them if it cannot start a process either).
+        yield from _run_here([item for item in todo if item[0] not in done], bar)
 
 
-def _init_worker(target_versions: dict[str, str], gpus) -> None:
-    from gpudoctor.check import versions
+def _run_isolated(todo: Todo, bar):
+    """Check each file alone in a one-worker pool; a file that kills the worker is an error."""
+    if not todo:
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
-    versions.set_targets(target_versions)
-    hardware.set_assumed(gpus)
+    pool = None
+    try:
+        for index, path, config in todo:
+            try:
+                if pool is None:
+                    # spawn: a clean process, whatever threads this one runs (the progress bar)
+                    pool = ProcessPoolExecutor(
+                        1, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker, initargs=(hardware.assumed(),)
+                    )
+                outcome = pool.submit(_check_one, path, config).result()
+            except BrokenProcessPool:
+                pool.shutdown(wait=False, cancel_futures=True)
+                pool = None
+                message = f"{path}: the parser crashed on this file (checked alone in a child process); not checked"
+                outcome = (FileResult(str(path), error=message), None)
+            except (OSError, RuntimeError) as error:
+                message = f"{path}: not checked: it needs a child process to parse safely, and none could start ({error})"
+                outcome = (FileResult(str(path), error=message, error_kind="internal"), None)
+            yield index, path, config, outcome
+            if bar:
+                bar.advance(1)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _check_chunk(paths: list[Path], config: Config) -> list[tuple[FileResult, Optional[str]]]:
-    return [_check_one((path, config)) for path in paths]
+def _init_worker(gpus) -> None:
+    global _ISOLATED
+    _ISOLATED = True  # this process may die: the parent survives it and names the file
+    hardware.set_assumed(gpus)  # spawned workers do not inherit the run's hardware
 
 
-def _check_one(args: tuple[Path, Config]) -> tuple[FileResult, Optional[str]]:
+def _check_chunk(items: list[tuple[Path, Config]]) -> list[tuple[FileResult, Optional[str]]]:
+    return [_check_one(path, config) for path, config in items]
+
+
+def _check_one(path: Path, config: Config) -> tuple[FileResult, Optional[str]]:
     """Check one file; return the plain-data result and the content digest it was computed for."""
     from gpudoctor.check.cache import digest
 
-    path, config = args
     try:
-        data = path.read_bytes()
-    except OSError as error:
-        return FileResult(str(path), error=f"{path}: cannot read: {error.strerror or error}"), None
+        data = read_source(path)
+    except FileProblem as problem:
+        return problem_result(str(path), problem), None
     result = safe_check_file(path, config, config.selected_rules(), data=data)
     return strip_result(result), digest(data)
 

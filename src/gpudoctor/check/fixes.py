@@ -30,7 +30,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from gpudoctor.check.config import Config
-from gpudoctor.check.engine import CheckResult, FileResult, check_paths, check_source, safe_check_file, strip_result
+from gpudoctor.check.engine import CheckResult, FileProblem, FileResult, check_paths, check_source, read_source, safe_check_file, strip_result
 from gpudoctor.check.finding import Applicability, Edit, Finding
 from gpudoctor.check.rule import Rule
 
@@ -108,7 +108,15 @@ def choose(module: cst.Module, findings: Sequence[Finding]) -> list[Finding]:
     return chosen
 
 
+def _is_placeholder(statement: cst.CSTNode) -> bool:
+    """A bare ``pass`` line: in a notebook, an IPython line (``%pip install x``) neutralised."""
+    return isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, cst.Pass) for s in statement.body)
+
+
 def add_imports(module: cst.Module, imports: Iterable[tuple[str, str]]) -> cst.Module:
+    """Add ``from module import name`` lines where an import belongs: after the docstring, the
+    ``__future__`` imports and the leading placeholders of IPython lines, so a notebook's first
+    cell keeps ``%pip install`` above the import it makes possible."""
     imports = list(dict.fromkeys(imports))
     if not imports:
         return module
@@ -118,7 +126,13 @@ def add_imports(module: cst.Module, imports: Iterable[tuple[str, str]]) -> cst.M
     context = CodemodContext()
     for module_name, name in imports:
         AddImportsVisitor.add_needed_import(context, module_name, name)
-    return AddImportsVisitor(context).transform_module(module)
+    lead = 0
+    while lead < len(module.body) and _is_placeholder(module.body[lead]):
+        lead += 1
+    if not lead:
+        return AddImportsVisitor(context).transform_module(module)
+    rest = AddImportsVisitor(context).transform_module(module.with_changes(body=module.body[lead:], header=()))
+    return rest.with_changes(body=(*module.body[:lead], *rest.body), header=module.header)
 
 
 def _compiles(text: str, path: str) -> Optional[SyntaxError]:
@@ -136,6 +150,9 @@ def fix_text(text: str, display: str, rules: Sequence[type[Rule]], unsafe: bool)
     would produce code that does not parse; ``cst.ParserSyntaxError`` when ``text`` itself does not."""
     result = FixedText(text)
     originally_compiles = _compiles(text, display) is None
+    # libcst may drop trailing blank lines or a last lone "\r" when a fix touches the last block:
+    # the file keeps its own ending, byte for byte.
+    ending = text[len(text.rstrip()):]
     for _ in range(MAX_PASSES):
         module = cst.parse_module(result.text)
         findings = [f for f in check_source(result.text, display, rules, module=module) if applicable(f, unsafe)]
@@ -163,7 +180,7 @@ def fix_text(text: str, display: str, rules: Sequence[type[Rule]], unsafe: bool)
             error = _compiles(new_text, display)
             if error is not None:
                 raise FixError(f"the fix for {codes} produced invalid Python ({error.msg}, line {error.lineno}); nothing written")
-        result.text = new_text
+        result.text = new_text.rstrip() + ending
         result.fixed += len(chosen)
         result.codes.extend(f.code for f in chosen)
     return result
@@ -181,6 +198,7 @@ class FileFix:
     data: Optional[bytes] = None  # the new file content (None: unchanged)
     diff: str = ""
     error: Optional[str] = None
+    original: Optional[bytes] = None  # the content the fix was computed from
 
 
 def _decode(data: bytes) -> tuple[str, str]:
@@ -204,9 +222,9 @@ def unified_diff(old: str, new: str, name: str) -> str:
 def fix_python_file(path: Path, display: str, rules: Sequence[type[Rule]], unsafe: bool) -> FileFix:
     outcome = FileFix(path, display)
     try:
-        data = path.read_bytes()
+        data = outcome.original = read_source(path)
         text, encoding = _decode(data)
-    except (OSError, UnicodeDecodeError, SyntaxError, LookupError) as error:
+    except (FileProblem, UnicodeDecodeError, SyntaxError, LookupError) as error:
         outcome.error = f"{display}: cannot read: {error}"
         return outcome
     try:
@@ -233,9 +251,9 @@ def fix_notebook_file(path: Path, display: str, rules: Sequence[type[Rule]], uns
 
     outcome = FileFix(path, display)
     try:
-        data = path.read_bytes()
+        data = outcome.original = read_source(path)
         source = notebook.build(notebook.load(data))
-    except (OSError, notebook.NotebookError):
+    except (FileProblem, notebook.NotebookError):
         return outcome  # the check reports it
     if not source.python or not source.text:
         return outcome
@@ -260,6 +278,37 @@ def fix_notebook_file(path: Path, display: str, rules: Sequence[type[Rule]], uns
     outcome.fixed = fixed.fixed
     outcome.diff = "".join(diffs)
     return outcome
+
+
+class Unwritable(Exception):
+    """The fixed file is not written (the message says why)."""
+
+
+def write_fixed(path: Path, original: bytes, data: bytes) -> None:
+    """Replace ``path``'s content ``original`` by ``data``. Raises Unwritable when the file is
+    read-only or changed since it was read (an editor saved meanwhile: its edits win); OSError."""
+    info = os.stat(path)
+    if not info.st_mode & 0o222 or not os.access(path, os.W_OK):
+        raise Unwritable("read-only; not fixed (make it writable to fix it)")
+    # Compared at the last moment: the window left is between this read and the replace below.
+    try:
+        current = read_source(path)
+    except FileProblem as problem:
+        raise Unwritable(f"{problem}; not fixed") from None
+    if current != original:
+        raise Unwritable("changed while it was being fixed; not written (run --fix again)")
+    if info.st_nlink > 1:
+        write_in_place(path, data)  # a replace would break the hard links
+    else:
+        write_atomic(path, data)
+
+
+def write_in_place(path: Path, data: bytes) -> None:
+    with open(path, "r+b") as handle:
+        handle.write(data)
+        handle.truncate()
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -303,7 +352,6 @@ def run_fixes(
     ``fixed`` (findings fixed, or that would be) and ``changed`` (files written, or that would be).
     """
     first = check_paths(paths, config, jobs=jobs, use_cache=use_cache)
-    rules = config.selected_rules()
     files: list[FileResult] = []
     fixed = 0
     changed: list[str] = []
@@ -312,7 +360,9 @@ def run_fixes(
             files.append(result)
             continue
         path = Path(result.path)
-        file_rules = config.rules_for(path, rules)
+        file_config = config.for_file(path)
+        rules = file_config.selected_rules()
+        file_rules = file_config.rules_for(path, rules)
         fixer = fix_notebook_file if path.suffix == ".ipynb" else fix_python_file
         outcome = fixer(path, result.path, file_rules, unsafe)
         if outcome.error:
@@ -329,14 +379,15 @@ def run_fixes(
             files.append(result)
             continue
         try:
-            write_atomic(path, outcome.data)
-        except OSError as error:
-            result.error = f"{result.path}: cannot write the fixed file: {error.strerror or error}"
+            write_fixed(path, outcome.original, outcome.data)
+        except (OSError, Unwritable) as error:
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+            result.error = f"{result.path}: cannot write the fixed file: {reason}"
             fixed -= outcome.fixed
             changed.pop()
             files.append(result)
             continue
-        files.append(strip_result(safe_check_file(path, config, rules, result.path, data=outcome.data)))
+        files.append(strip_result(safe_check_file(path, file_config, rules, result.path, data=outcome.data)))
     out = CheckResult(files)
     out.fixed = fixed
     out.changed = changed

@@ -236,22 +236,31 @@ def error_location(display: str, source: NotebookSource, line: int, column: int)
 def check_notebook(
     path: Path, config: "Config", rules: Sequence[type["Rule"]], display: str, data: Optional[bytes] = None
 ) -> "FileResult":
-    from gpudoctor.check.engine import FileResult, check_source, is_relevant
+    from gpudoctor.check.engine import (
+        MAX_FILE_BYTES, FileProblem, FileResult, UnsafeSource, check_source, is_relevant, problem_result, read_source, too_big,
+    )
 
     if data is None:
         try:
-            data = path.read_bytes()
-        except OSError as error:
-            return FileResult(display, error=f"{display}: cannot read: {error.strerror or error}")
+            data = read_source(path)
+        except FileProblem as problem:
+            return problem_result(display, problem)
     try:
         source = build(load(data))
     except NotebookError as error:
         return FileResult(display, error=f"{display}:{error}" if str(error)[:1].isdigit() else f"{display}: {error}")
-    if not source.python or not source.text or not is_relevant(source.text.encode("utf-8", "surrogatepass")):
+    code = source.text.encode("utf-8", "surrogatepass")
+    if not source.python or not source.text or not is_relevant(code):
         return FileResult(display, skipped=True)
+    if len(code) > MAX_FILE_BYTES:
+        return FileResult(display, error=f"{display}: its code cells: " + too_big(len(code), MAX_FILE_BYTES))
     file_rules = config.rules_for(path, rules)
     try:
         findings = check_source(source.text, display, file_rules)
+    except FileProblem as problem:
+        return problem_result(display, problem)
+    except UnsafeSource:
+        return FileResult(display, unsafe=True)
     except cst.ParserSyntaxError as error:
         message = str(error).strip().splitlines()[0] if str(error).strip() else "invalid syntax"
         line, column = error.raw_line, error.raw_column + 1
@@ -264,7 +273,7 @@ def check_notebook(
             pass
         where = error_location(display, source, line, column)
         return FileResult(display, error=f"{where}: syntax error: {message}")
-    except RecursionError:
+    except (RecursionError, MemoryError):
         return FileResult(display, error=f"{display}: too deeply nested to analyse")
     return FileResult(display, findings=[map_finding(f, source) for f in findings])
 

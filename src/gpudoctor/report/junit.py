@@ -15,8 +15,8 @@ from typing import Iterable, Sequence
 
 from gpudoctor.check.finding import Finding
 
-# Characters XML 1.0 cannot carry.
-_INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+# Characters XML 1.0 cannot carry (surrogates: a file name that is not UTF-8, as os.fsdecode keeps it).
+_INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 def _clean(text: str) -> str:
@@ -61,7 +61,7 @@ def render(findings: Sequence[Finding], errors: Sequence[str], files: Iterable[s
                 continue
             failures += 1
             failure = ET.SubElement(
-                case, "failure", message=_clean(f"{finding.code} {finding.name}: {finding.message}"), type=finding.code
+                case, "failure", message=_clean(f"{finding.code} {finding.name}: {finding.message}"), type=_clean(finding.code)
             )
             body = [summary]
             if finding.source_line:

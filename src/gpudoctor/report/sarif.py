@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path, PurePosixPath
+import re
+from pathlib import Path
 from typing import Optional, Sequence
 from urllib.parse import quote
 
@@ -42,13 +43,17 @@ def repository_url() -> Optional[str]:
 
 
 def artifact_uri(path: str) -> str:
-    """A relative path stays relative (posix, percent-encoded); an absolute one becomes a file URI."""
-    candidate = Path(path)
-    if candidate.is_absolute():
-        return candidate.as_uri()
-    parts = PurePosixPath(path.replace(os.sep, "/")).parts
-    parts = [p for p in parts if p not in (".", "")]
-    return quote("/".join(parts), safe="/!$&'()*+,;=:@")
+    """A relative path stays relative (posix, percent-encoded); an absolute one becomes a file URI.
+    Percent-encoding works on the file name's bytes, so a name that is not UTF-8 (its bytes kept as
+    surrogates by ``os.fsdecode``) still gets the exact URI."""
+    absolute = Path(path).is_absolute()
+    try:
+        raw = path.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate that no file name decoded to
+        raw = path.encode("utf-8", "replace")
+    parts = [p for p in raw.replace(os.sep.encode(), b"/").split(b"/") if p not in (b".", b"")]
+    quoted = quote(b"/".join(parts), safe="/!$&'()*+,;=:@")
+    return f"file:///{quoted}" if absolute else quoted
 
 
 def _rule_entry(code: str, name: str, summary: str, doc: Optional[str]) -> dict:
@@ -150,4 +155,9 @@ def render(findings: Sequence[Finding], errors: Sequence[str]) -> str:
         ],
         "columnKind": "unicodeCodePoints",
     }
-    return json.dumps({"$schema": SCHEMA_URI, "version": "2.1.0", "runs": [run]}, indent=2, ensure_ascii=False)
+    text = json.dumps({"$schema": SCHEMA_URI, "version": "2.1.0", "runs": [run]}, indent=2, ensure_ascii=False)
+    # Texts that name an undecodable file carry surrogates, which UTF-8 cannot: the URIs keep the bytes.
+    return _SURROGATE.sub("\ufffd", text)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
