@@ -7,6 +7,7 @@ remembers where tensors created during the check were made.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 
@@ -150,7 +151,7 @@ class DeviceCheckMode(TorchDispatchMode):
             if mismatch is not None:
                 self._failed = (id(exc), mismatch)
             drop_own_frame(exc, sys._getframe())
-            raise  # bare: the program's traceback stays Python's own
+            raise  # bare: the program's traceback stays the one a plain run prints
         if mismatch is not None and len(self.accepted) < 20:
             self.accepted.append(OpMismatch(mismatch.op, mismatch.argument, mismatch.common_device, mismatch.offending_device,
                                             [TensorArg(a.argument, a.device, a.dtype, a.shape) for a in mismatch.tensors],
@@ -190,3 +191,20 @@ def _called_from_accelerate(frame) -> bool:
         frame = frame.f_back
         depth += 1
     return False
+
+
+
+_DISPATCH_GLUE = tuple(os.path.join("torch", name) for name in ("_ops.py", "_compile.py", os.path.join("_dynamo", "eval_frame.py")))
+
+
+def drop_trailing_dispatch_glue(exc: BaseException) -> None:
+    """Remove the innermost frames when all are torch's dispatch glue: while a dispatch mode is active an op is
+    entered through Python wrappers, without the mode it fails in C++ and a plain run shows none of them."""
+    tb = exc.__traceback__
+    last_kept = None
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.endswith(_DISPATCH_GLUE):
+            last_kept = tb
+        tb = tb.tb_next
+    if last_kept is not None and last_kept.tb_next is not None:
+        last_kept.tb_next = None
