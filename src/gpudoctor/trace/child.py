@@ -143,6 +143,19 @@ def _write() -> None:
         os.replace(path + ".tmp", path)
     except Exception as probe_exc:
         sys.stderr.write(f"gpudoctor: could not write the report of pid {os.getpid()}: {type(probe_exc).__name__}: {probe_exc}\n")
+    finally:
+        if isinstance(_uncaught(), KeyboardInterrupt):
+            _keep_sigint_exit()
+
+
+def _keep_sigint_exit() -> None:
+    """An uncaught KeyboardInterrupt makes Python die by SIGINT after finalization (a shell sees 130), but CPython
+    forgets that whenever a string is exec'd (namedtuple and dataclass definitions do, and building the report
+    defines some). Ending the same way again sets it back: ``exec`` of a string that raises KeyboardInterrupt."""
+    try:
+        exec("raise KeyboardInterrupt", {})
+    except KeyboardInterrupt:
+        pass
 
 
 def _record() -> dict | None:
