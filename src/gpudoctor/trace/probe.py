@@ -171,6 +171,7 @@ class Probe:
         self._handles: list = []
         self._installed = False
         self._lock = threading.RLock()  # first-call bookkeeping may run in several threads at once
+        self._alive: dict[int, weakref.ref] = {}  # module id -> weak ref that forgets the id when the module is freed
         for model in models:
             self.add_root(model)
 
@@ -228,7 +229,19 @@ class Probe:
             self.roots.append(weakref.ref(model))
             for path, sub in model.named_modules(remove_duplicate=False):
                 self.names[id(sub)] = path
+                self._track(sub)
             self.unregistered.pop(id(model), None)
+
+    def _track(self, module: nn.Module) -> None:
+        """Forget what is known by a module's id once it is freed: a new model (a k-fold loop) may reuse the id."""
+        key = id(module)
+        if key not in self._alive:
+            self._alive[key] = weakref.ref(module, lambda _ref, key=key: self._forget(key))
+
+    def _forget(self, key: int) -> None:
+        for known in (self._alive, self.names, self.unregistered, self._offloaded_ids):
+            known.pop(key, None)
+        self.settled.discard(key)
 
     def root_models(self) -> list[nn.Module]:
         models = [ref() for ref in self.roots]
@@ -278,6 +291,7 @@ class Probe:
             # the wrapper runs before this call's own _call_impl: every module call on the stack is an ancestor
             enclosing = list(live_module_calls(sys._getframe(2)))
             path = self.path_of(module, enclosing[0] if enclosing else None)
+            self._track(module)
             self._first_call_checks(module, path, enclosing)
         except Exception as exc:
             self.settled.add(id(module))
