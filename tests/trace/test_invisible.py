@@ -223,6 +223,18 @@ def read_line(proc, timeout):
     return line[0] if line else ""
 
 
+def assert_ends(pid, timeout=10):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail("the program outlived gpudoctor trace")
+
+
 def finish(proc):
     out, err = proc.communicate(timeout=120)
     return out, err
@@ -254,16 +266,7 @@ def test_sigterm_to_trace_ends_the_program_and_removes_the_temp_folder(tmp_path)
     assert proc.returncode == -signal.SIGTERM, err
     assert "ended by SIGTERM" in err
     assert not os.path.exists(report_dir)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            os.kill(child_pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.05)
-    else:
-        os.kill(child_pid, signal.SIGKILL)
-        pytest.fail("the program outlived gpudoctor trace")
+    assert_ends(child_pid)
 
 
 def test_ctrl_c_on_a_terminal_goes_to_the_program_once(tmp_path):
@@ -299,3 +302,12 @@ def test_ctrl_c_on_a_terminal_goes_to_the_program_once(tmp_path):
             proc.wait()
     assert "checkpoint saved" in out, err
     assert proc.returncode == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux-only")
+def test_program_is_not_orphaned_when_trace_is_killed(tmp_path):
+    """SIGKILL leaves gpudoctor trace no chance to forward: the program still ends (parent-death signal)."""
+    proc, child_pid, _ = start_traced(tmp_path)
+    proc.kill()
+    proc.wait()
+    assert_ends(child_pid)

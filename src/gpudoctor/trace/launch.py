@@ -92,6 +92,7 @@ def _run_in_own_group(command: list[str], env: dict) -> int:
             os.killpg(state["pgid"], signum)
 
     def in_child() -> None:  # after fork, before exec (as shells do it: no race with the parent)
+        _terminate_with_parent()
         os.setpgid(0, 0)
         if tty is not None:
             _set_foreground(tty, os.getpgrp())
@@ -114,6 +115,17 @@ def _run_in_own_group(command: list[str], env: dict) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _terminate_with_parent() -> None:
+    """Linux: SIGTERM to the program if gpudoctor trace dies without forwarding (SIGKILL): never an orphan."""
+    try:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _wait(proc: subprocess.Popen, tty: int | None) -> int:
