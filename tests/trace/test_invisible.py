@@ -54,6 +54,10 @@ TRACEBACKS = """
             raise ValueError("training step failed") from exc   # chained
     except ValueError:
         traceback.print_exc()
+    try:
+        torch.mm(torch.randn(2, 3), torch.randn(4, 2))   # an op outside any module
+    except RuntimeError:
+        traceback.print_exc()
     thread = threading.Thread(target=lambda: model(torch.randn(2, 4)), name="worker")
     thread.start()                                 # threading.excepthook prints this one
     thread.join()
@@ -72,7 +76,7 @@ def test_program_output_and_tracebacks_are_python_own(tmp_path, mode):
     assert plain.returncode == traced.returncode == 1
     assert "gpudoctor" not in traced.stderr
     assert traced.stdout == plain.stdout and traced.stderr == plain.stderr
-    assert traced.stderr.count("Traceback (most recent call last)") == 5
+    assert traced.stderr.count("Traceback (most recent call last)") == 6
 
 
 def test_torch_is_imported_by_the_program_not_by_gpudoctor(tmp_path):

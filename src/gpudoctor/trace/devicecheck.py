@@ -15,7 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from gpudoctor.trace.frames import drop_own_frame, first_user_frame_from_stack
+from gpudoctor.trace.frames import first_user_frame_from_stack
 
 # Ops whose job is to mix devices, or that take per-index lists checked by their own kernels.
 _MIXING_ALLOWED = {
@@ -121,6 +121,12 @@ class DeviceCheckMode(TorchDispatchMode):
         self.accepted: list[OpMismatch] = []  # ops that mixed devices and still ran (tensors dropped)
         self._failed: tuple[int, OpMismatch] | None = None  # (id of the op's own exception, its mismatch)
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps __torch_dispatch__ in a dynamo-disabling wrapper by default; its two frames would then sit
+        # in every traceback of an op failing under --deep, which a plain run does not show
+        return False
+
     def mismatch_for(self, exc: BaseException) -> OpMismatch | None:
         """The mismatch of the op whose own error ``exc`` is (``--deep``)."""
         if self._failed is not None and self._failed[0] == id(exc):
@@ -150,7 +156,7 @@ class DeviceCheckMode(TorchDispatchMode):
         except BaseException as exc:
             if mismatch is not None:
                 self._failed = (id(exc), mismatch)
-            drop_own_frame(exc, sys._getframe())
+            _drop_dispatch_frames(exc, sys._getframe())
             raise  # bare: the program's traceback stays the one a plain run prints
         if mismatch is not None and len(self.accepted) < 20:
             self.accepted.append(OpMismatch(mismatch.op, mismatch.argument, mismatch.common_device, mismatch.offending_device,
@@ -194,17 +200,17 @@ def _called_from_accelerate(frame) -> bool:
 
 
 
-_DISPATCH_GLUE = tuple(os.path.join("torch", name) for name in ("_ops.py", "_compile.py", os.path.join("_dynamo", "eval_frame.py")))
+
+_DISPATCH_GLUE = os.path.join("torch", "_ops.py")
 
 
-def drop_trailing_dispatch_glue(exc: BaseException) -> None:
-    """Remove the innermost frames when all are torch's dispatch glue: while a dispatch mode is active an op is
-    entered through Python wrappers, without the mode it fails in C++ and a plain run shows none of them."""
+def _drop_dispatch_frames(exc: BaseException, frame) -> None:
+    """Remove this mode's frame and, when only torch's op wrapper lies below it, that too: without the mode the
+    op fails in C++ and a plain run's traceback ends at the caller's line."""
     tb = exc.__traceback__
-    last_kept = None
-    while tb is not None:
-        if not tb.tb_frame.f_code.co_filename.endswith(_DISPATCH_GLUE):
-            last_kept = tb
-        tb = tb.tb_next
-    if last_kept is not None and last_kept.tb_next is not None:
-        last_kept.tb_next = None
+    if tb is None or tb.tb_frame is not frame:
+        return
+    below = tb.tb_next
+    while below is not None and below.tb_frame.f_code.co_filename.endswith(_DISPATCH_GLUE):
+        below = below.tb_next
+    exc.__traceback__ = tb.tb_next if below is not None else None

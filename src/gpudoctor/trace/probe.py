@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from gpudoctor.trace.devicecheck import DeviceCheckMode, drop_trailing_dispatch_glue
+from gpudoctor.trace.devicecheck import DeviceCheckMode
 from gpudoctor.trace.frames import drop_own_frame
 
 _ORIGINAL_CALL = nn.Module.__call__
@@ -112,8 +112,6 @@ def _traced_call(module, *args, **kwargs):
     except BaseException as exc:
         if probe is not None:
             probe._on_raise(exc)
-            if probe.device_mode is not None:
-                drop_trailing_dispatch_glue(exc)
         drop_own_frame(exc, sys._getframe())
         raise  # a bare raise adds no traceback entry: the program sees Python's own traceback
 
