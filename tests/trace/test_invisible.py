@@ -104,7 +104,7 @@ def test_torch_is_imported_by_the_program_not_by_gpudoctor(tmp_path):
     assert rank_of(out)["stats"]["module_calls"] == 1  # the probe was installed when torch was imported
 
     spawn = write(tmp_path, """
-        import multiprocessing as mp
+        import multiprocessing as mp, os
         import torch, torch.nn as nn
 
         def work(q):
@@ -117,13 +117,15 @@ def test_torch_is_imported_by_the_program_not_by_gpudoctor(tmp_path):
             p.start(); q.get(); p.join()
             ctx.Lock()  # a semaphore: the resource tracker process starts
             nn.Linear(2, 2)(torch.randn(1, 2))
-            print("ok")
+            forked = mp.get_context("fork").Process(target=work, args=(mp.get_context("fork").Queue(),))
+            forked.start(); forked.join()  # inherits the probe, leaves by os._exit
+            print("ok", forked.exitcode, os.listdir(os.environ["GPUDOCTOR_TRACE_DIR"]))  # the workers wrote nothing
     """, "spawn.py")
     out = tmp_path / "spawn.json"
     traced = run(trace_cmd("--quiet", "--json", str(out), spawn), tmp_path)
-    assert traced.returncode == 0 and traced.stdout == "ok\n"
+    assert traced.returncode == 0 and traced.stdout == "ok 0 []\n"
     assert "gpudoctor" not in traced.stderr
-    assert rank_of(out)["stats"]["module_calls"] == 1  # the spawned worker and the resource tracker wrote nothing
+    assert rank_of(out)["stats"]["module_calls"] == 1  # the spawned and forked workers and the resource tracker wrote nothing
 
 
 def test_own_excepthook_keeps_the_failure(tmp_path):

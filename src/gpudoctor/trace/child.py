@@ -32,7 +32,8 @@ def start() -> None:
         sys.meta_path.insert(0, _TorchImportWatcher())
     atexit.register(_write)
     os._exit = _os_exit
-    os.register_at_fork(after_in_child=_after_fork)
+    if hasattr(os, "register_at_fork"):  # POSIX
+        os.register_at_fork(after_in_child=_after_fork)
 
 
 class _TorchImportWatcher:
