@@ -170,6 +170,7 @@ class Probe:
         self._installed = False
         self._lock = threading.RLock()  # first-call bookkeeping may run in several threads at once
         self._alive: dict[int, weakref.ref] = {}  # module id -> weak ref that forgets the id when the module is freed
+        self._freed: list[int] = []
         for model in models:
             self.add_root(model)
 
@@ -222,6 +223,7 @@ class Probe:
     # -- names --------------------------------------------------------------------------------
     def add_root(self, model: nn.Module) -> None:
         with self._lock:
+            self._purge_freed()
             if any(ref() is model for ref in self.roots):
                 return
             self.roots.append(weakref.ref(model))
@@ -237,9 +239,16 @@ class Probe:
             self._alive[key] = weakref.ref(module, lambda _ref, key=key: self._forget(key))
 
     def _forget(self, key: int) -> None:
-        for known in (self._alive, self.names, self.unregistered, self._offloaded_ids):
-            known.pop(key, None)
+        # runs inside garbage collection, maybe while a report iterates the dicts: only the set is changed now,
+        # the dicts when the next new module is named (_purge_freed)
         self.settled.discard(key)
+        self._freed.append(key)
+
+    def _purge_freed(self) -> None:
+        while self._freed:
+            key = self._freed.pop()
+            for known in (self._alive, self.names, self.unregistered, self._offloaded_ids):
+                known.pop(key, None)
 
     def root_models(self) -> list[nn.Module]:
         models = [ref() for ref in self.roots]
@@ -282,6 +291,9 @@ class Probe:
     def _call_bookkeeping(self, module: nn.Module) -> None:
         """A module's first call (and every call of an offloaded one): the only per-call work beyond a counter."""
         try:
+            if self._freed:
+                with self._lock:
+                    self._purge_freed()
             offloaded = self._offloaded_ids.get(id(module))
             if offloaded is not None:
                 self.offloaded_calls[offloaded] += 1
