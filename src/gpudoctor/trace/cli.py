@@ -17,33 +17,37 @@ and peak memory. Every Python process the command starts reports (one per rank).
 
 options:
   --json PATH   also write the merged report as JSON (schema: gpudoctor/trace/schema.md)
-  --deep        check devices on every aten op (catches meta/CPU mixes CPU kernels accept; slower)
+  --deep        check devices on every aten op (also reports meta/CPU mixes CPU kernels accept; slower)
   --quiet       no terminal report (use with --json)
   --no-check    skip the static check (`gpudoctor check`) of the traced script(s) that closes the report
 """
 
 
+# flag -> (option key, value); options that take a value: flag -> option key. Add new options here.
+FLAGS = {"--deep": ("deep", True), "--quiet": ("quiet", True), "-q": ("quiet", True), "--no-check": ("check", False)}
+VALUED = {"--json": "json"}
+DEFAULTS = {"json": None, "deep": False, "quiet": False, "check": True}
+
+
 def parse(argv: list[str]) -> tuple[dict, list[str]] | None:
-    opts = {"json": None, "deep": False, "quiet": False, "check": True}
+    """(options, command to run), or None for help / nothing to run."""
+    opts = dict(DEFAULTS)
     i = 0
     while i < len(argv):
         arg = argv[i]
+        name, has_value, value = arg.partition("=")
         if arg in ("-h", "--help"):
             return None
-        if arg == "--json":
-            if i + 1 >= len(argv):
-                raise SystemExit("gpudoctor trace: --json needs a path")
-            opts["json"] = argv[i + 1]
-            i += 2
-            continue
-        if arg.startswith("--json="):
-            opts["json"] = arg.split("=", 1)[1]
-        elif arg == "--deep":
-            opts["deep"] = True
-        elif arg in ("--quiet", "-q"):
-            opts["quiet"] = True
-        elif arg == "--no-check":
-            opts["check"] = False
+        if name in VALUED:
+            if not has_value:
+                if i + 1 >= len(argv):
+                    raise SystemExit(f"gpudoctor trace: {name} needs a value")
+                value = argv[i + 1]
+                i += 1
+            opts[VALUED[name]] = value
+        elif arg in FLAGS:
+            key, flag_value = FLAGS[arg]
+            opts[key] = flag_value
         elif arg == "--":
             return opts, argv[i + 1:]
         elif arg == "-m":
@@ -70,18 +74,69 @@ def main(argv: list[str]) -> int:
     from gpudoctor.trace.launch import run_traced
     from gpudoctor.trace.report import merge, render, write_json
 
-    code, reports = run_traced(command, deep=opts["deep"])
-    merged = merge(reports, command=command, exit_code=code)
+    run = run_traced(command, deep=opts["deep"])
+    merged = merge(run.reports, command=command, exit_code=run.exit_code)
+    merged["notes"] = ending_notes(run)
     try:
         if opts["check"]:
             merged["static"] = static_check(command)
         if opts["json"]:
             write_json(merged, opts["json"])
         if not opts["quiet"]:
-            render(merged)
+            if run.reports:
+                render(merged)
+            print_notes(merged["notes"])
     except Exception as exc:  # the program's exit code matters more than our rendering
         sys.stderr.write(f"gpudoctor: could not render the report: {type(exc).__name__}: {exc}\n")
-    return code
+    if run.signal is not None:
+        end_by_signal(run.signal)
+    return run.exit_code
+
+
+def ending_notes(run) -> list[str]:
+    """How the program ended when that is not plain (os._exit, a signal, a missing runtime module, no torch)."""
+    notes = []
+    for note in run.notes:
+        if note.get("missing_module"):
+            name = note["missing_module"]
+            notes.append(f"the program stopped at `import {name}`: No module named {name!r}. The runtime side of gpudoctor "
+                         f"needs the runtime extra: pip install 'gpudoctor[runtime]'")
+    for record in [*run.reports, *run.notes]:
+        exit_info = record.get("exit") or {}
+        if exit_info.get("how") == "os._exit":
+            what = "what was collected is reported above" if record in run.reports else "torch was never imported"
+            notes.append(f"pid {record.get('pid')} exited via os._exit({exit_info.get('code')}): Python's exit handlers did not "
+                         f"run; {what}")
+    if run.signal is not None:
+        import signal
+
+        try:
+            name = signal.Signals(run.signal).name
+        except ValueError:
+            name = f"signal {run.signal}"
+        notes.append(f"the program was ended by {name} (exit status {run.exit_code})")
+    if not run.reports and not notes:
+        notes.append("no Python process of the program imported torch, so there was nothing to trace")
+    return notes
+
+
+def print_notes(notes: list[str]) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console(stderr=True)
+    for note in notes:
+        console.print(f"[yellow]gpudoctor trace:[/] {escape(note)}")
+
+
+def end_by_signal(signum: int) -> None:
+    """End as the program ended: a shell (and a Ctrl-C'd loop around us) sees the same signal."""
+    import signal
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def traced_scripts(command: list[str]) -> list[str]:

@@ -7,6 +7,7 @@ remembers where tensors created during the check were made.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 
@@ -52,7 +53,7 @@ class OpMismatch:
 
 
 class DeviceMismatchDetected(RuntimeError):
-    """Raised by ``--deep`` at the first op mixing devices (including meta inputs CPU kernels accept)."""
+    """Raised by the diagnostic re-run at the first op mixing devices (including meta inputs CPU kernels accept)."""
 
     def __init__(self, mismatch: OpMismatch):
         super().__init__(mismatch.message() + " [detected by gpudoctor's device check]")
@@ -102,23 +103,43 @@ def find_mismatch(func, args, kwargs) -> tuple[str, str, str, list[tuple[str, to
 class DeviceCheckMode(TorchDispatchMode):
     """Checks devices of every op; records where tensors made under it come from.
 
-    ``module_path`` is a callable giving the module running now (the probe's stack).
+    ``module_path`` is a callable giving the module running now. With ``raise_on_mismatch`` (the diagnostic
+    re-run) the first mismatch stops the run; without it (``--deep`` around the user's program) the op runs
+    as it would have: its own error, if any, propagates unchanged and :meth:`mismatch_for` links it to the
+    mismatch; a mismatch the kernel accepted (``cpu @ meta``) is kept in ``accepted``.
     """
 
-    def __init__(self, module_path=lambda: None, track_origins: bool = True, user_frames: bool = True):
+    def __init__(self, module_path=lambda: None, track_origins: bool = True, user_frames: bool = True,
+                 raise_on_mismatch: bool = True):
         super().__init__()
         self.module_path = module_path
         self.track_origins = track_origins
         self.user_frames = user_frames
+        self.raise_on_mismatch = raise_on_mismatch
         self.origins: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.mismatch: OpMismatch | None = None
+        self.accepted: list[OpMismatch] = []  # ops that mixed devices and still ran (tensors dropped)
+        self._failed: tuple[int, OpMismatch] | None = None  # (id of the op's own exception, its mismatch)
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps __torch_dispatch__ in a dynamo-disabling wrapper by default; its two frames would then sit
+        # in every traceback of an op failing under --deep, which a plain run does not show
+        return False
+
+    def mismatch_for(self, exc: BaseException) -> OpMismatch | None:
+        """The mismatch of the op whose own error ``exc`` is (``--deep``)."""
+        if self._failed is not None and self._failed[0] == id(exc):
+            return self._failed[1]
+        return exc.mismatch if isinstance(exc, DeviceMismatchDetected) else None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         found = find_mismatch(func, args, kwargs)
+        mismatch = None
         if found is not None:
             argument, offending, common, tensors = found
-            self.mismatch = OpMismatch(
+            mismatch = OpMismatch(
                 op=f"aten.{func._overloadpacket.__name__}",
                 argument=argument,
                 common_device=common,
@@ -127,8 +148,20 @@ class DeviceCheckMode(TorchDispatchMode):
                 module_path=self.module_path(),
                 user_frame=first_user_frame_from_stack(sys._getframe(1)) if self.user_frames else None,
             )
-            raise DeviceMismatchDetected(self.mismatch)
-        out = func(*args, **kwargs)
+            if self.raise_on_mismatch:
+                self.mismatch = mismatch
+                raise DeviceMismatchDetected(mismatch)
+        try:
+            out = func(*args, **kwargs)
+        except BaseException as exc:
+            if mismatch is not None:
+                self._failed = (id(exc), mismatch)
+            _drop_dispatch_frames(exc, sys._getframe())
+            raise  # bare: the program's traceback stays the one a plain run prints
+        if mismatch is not None and len(self.accepted) < 20:
+            self.accepted.append(OpMismatch(mismatch.op, mismatch.argument, mismatch.common_device, mismatch.offending_device,
+                                            [TensorArg(a.argument, a.device, a.dtype, a.shape) for a in mismatch.tensors],
+                                            mismatch.module_path, mismatch.user_frame))
         if self.track_origins:
             self._record(func, args, kwargs, out)
         return out
@@ -164,3 +197,20 @@ def _called_from_accelerate(frame) -> bool:
         frame = frame.f_back
         depth += 1
     return False
+
+
+
+
+_DISPATCH_GLUE = os.path.join("torch", "_ops.py")
+
+
+def _drop_dispatch_frames(exc: BaseException, frame) -> None:
+    """Remove this mode's frame and, when only torch's op wrapper lies below it, that too: without the mode the
+    op fails in C++ and a plain run's traceback ends at the caller's line."""
+    tb = exc.__traceback__
+    if tb is None or tb.tb_frame is not frame:
+        return
+    below = tb.tb_next
+    while below is not None and below.tb_frame.f_code.co_filename.endswith(_DISPATCH_GLUE):
+        below = below.tb_next
+    exc.__traceback__ = tb.tb_next if below is not None else None

@@ -162,9 +162,6 @@ def _rerun_frame(probe: Probe, snapshot, depth: int):
     frame = snapshot.stack[depth]
     fake_mode = _fake_mode_of(frame)
     mode = DeviceCheckMode(probe.current_path)
-    saved_stack, saved_snapshot, saved_track = probe.stack, probe.snapshot, probe.track_backward
-    probe.stack = list(snapshot.stack[:depth])
-    probe.track_backward = False
     try:
         with contextlib.ExitStack() as stack:
             if fake_mode is not None:
@@ -177,8 +174,6 @@ def _rerun_frame(probe: Probe, snapshot, depth: int):
         pass
     except Exception as exc:  # failing differently tells nothing about devices
         probe._record_error(f"diagnostic re-run of {frame.path or type(frame.module).__name__}", exc)
-    finally:
-        probe.stack, probe.snapshot, probe.track_backward = saved_stack, saved_snapshot, saved_track
     return mode.mismatch, mode
 
 
@@ -218,8 +213,7 @@ def diagnose_exception(exc: BaseException, probe: Probe) -> dict:
         failure["module"] = {"path": inner.path or "", "class": type(inner.module).__name__,
                              "root": type(snapshot.stack[0].module).__name__}
         failure["module_stack"] = [{"path": f.path, "class": type(f.module).__name__} for f in snapshot.stack]
-    elif phase == "backward" and probe.backward_stack:
-        path = probe.backward_stack[-1]
+    elif phase == "backward" and (path := probe.backward_module_path(exc)) is not None:
         failure["module"] = {"path": path, "class": _class_of_path(probe, path), "root": None}
 
     oom = parse_oom_message(message) if isinstance(exc, (RuntimeError, MemoryError)) else None
@@ -230,7 +224,9 @@ def diagnose_exception(exc: BaseException, probe: Probe) -> dict:
         failure["oom"] = diagnose_oom(oom, probe, phase)
         return failure
 
-    mismatch = exc.mismatch if isinstance(exc, DeviceMismatchDetected) else None
+    mismatch = probe.device_mode.mismatch_for(exc) if probe.device_mode is not None else None
+    if mismatch is None and isinstance(exc, DeviceMismatchDetected):
+        mismatch = exc.mismatch
     info = parse_device_message(message)
     if info is None and mismatch is None:
         return failure

@@ -62,6 +62,16 @@ def silent_findings(probe: Probe) -> list[dict]:
             "fix": "Load the weights (load_checkpoint_and_dispatch / from_pretrained) or `to_empty()` + init before running.",
             "items": [f"{path}: {', '.join(params)}" for path, params in list(probe.meta_at_forward.items())[:12]],
         })
+    accepted = probe.device_mode.accepted if probe.device_mode is not None else []
+    if accepted:  # --deep: ops that mixed devices and still ran (no error, wrong or meta results)
+        findings.append({
+            "id": "device_mix_accepted", "severity": "error", "rule": None,
+            "title": f"{len(accepted)} op(s) mixed devices and ran without an error",
+            "detail": "CPU kernels don't check meta (or other-device) inputs: these results are garbage or meta.",
+            "fix": "Put every operand of these ops on one device (see the module and argument named).",
+            "items": [f"{m.op} in {m.module_path or '<root>'}: {m.argument} on {m.offending_device}, others on {m.common_device}"
+                      for m in accepted[:12]],
+        })
     if probe.offloaded_calls:
         per_forward = 0
         for root in roots:

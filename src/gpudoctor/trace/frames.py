@@ -81,3 +81,11 @@ def short_path(filename: str) -> str:
     except ValueError:
         return filename
     return filename if rel.startswith("..") else rel
+
+
+def drop_own_frame(exc: BaseException, frame: types.FrameType) -> None:
+    """Called in an ``except`` block of ``frame`` before a bare ``raise`` (which adds no entry): the exception
+    leaves without that frame in its traceback, so a wrapper of gpudoctor's stays out of every traceback."""
+    tb = exc.__traceback__
+    if tb is not None and tb.tb_frame is frame:
+        exc.__traceback__ = tb.tb_next

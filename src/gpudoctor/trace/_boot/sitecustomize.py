@@ -1,6 +1,7 @@
 """Loaded by every Python child of ``gpudoctor trace`` (its directory is first on PYTHONPATH).
 
-Starts the probe when GPUDOCTOR_TRACE_DIR is set, then hands over to any sitecustomize the
+Prepares the probe when GPUDOCTOR_TRACE_DIR is set (it is installed when the program imports torch; nothing
+heavy is imported here), then hands over to any sitecustomize the
 environment already had.
 """
 
