@@ -36,15 +36,6 @@ def _is_str_list_table(value) -> bool:
     return isinstance(value, dict) and all(_is_str_list(v) for v in value.values())
 
 
-def _is_gpu_spec(value) -> bool:
-    from gpudoctor.hardware import HardwareError, parse_gpus
-
-    try:
-        return isinstance(value, str) and parse_gpus(value) is not None
-    except HardwareError:
-        return False
-
-
 # key -> (expected, as said in an error message; test). Strings are never split into lists, and
 # booleans are TOML booleans: `preview = "false"` is an error, not preview on.
 SCHEMA = {
@@ -57,7 +48,7 @@ SCHEMA = {
     "preview": ("a boolean (true or false)", lambda v: isinstance(v, bool)),
     "force-exclude": ("a boolean (true or false)", lambda v: isinstance(v, bool)),
     "target-versions": ("a table of package = version string", _is_str_table),
-    "gpus": ('a GPU spec string such as "2xT4" or "6x8GB"', _is_gpu_spec),
+    "gpus": ('a string such as "2xT4" or "6x8GB"', lambda v: isinstance(v, str)),
 }
 
 
@@ -78,6 +69,13 @@ def validate(table, source) -> None:
         expected, test = SCHEMA[key]
         if not test(value):
             raise ConfigError(f"{where} {key} must be {expected}, got {_type_name(value)} {value!r}")
+    if "gpus" in table:
+        from gpudoctor.hardware import HardwareError, parse_gpus
+
+        try:
+            parse_gpus(table["gpus"])
+        except HardwareError as error:
+            raise ConfigError(f"{where} gpus: {error}") from error
 
 
 @dataclass
@@ -222,7 +220,7 @@ class Config:
         return [r for r in rules if not any(r.code.startswith(c.upper()) for c in ignored)]
 
     def cache_key(self) -> str:
-        return repr((self.select, sorted(self.ignore), sorted(self.per_file_ignores.items()), self.preview, sorted(self.target_versions.items()), _assumed_gpus()))
+        return repr((self.select, sorted(self.ignore), sorted(self.per_file_ignores.items()), self.preview, sorted(self.target_versions.items()), self.gpus, _assumed_gpus()))
 
 
 
