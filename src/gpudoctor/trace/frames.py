@@ -81,3 +81,144 @@ def short_path(filename: str) -> str:
     except ValueError:
         return filename
     return filename if rel.startswith("..") else rel
+
+
+# ---------------------------------------------------------------------------------------------
+# the user's source: which line built a value (for "fix it here" locations)
+# ---------------------------------------------------------------------------------------------
+
+def user_tracebacks(tb: types.TracebackType | None) -> list[types.TracebackType]:
+    """Traceback entries of the user's own code, innermost first."""
+    out = []
+    while tb is not None:
+        if is_user_file(tb.tb_frame.f_code.co_filename):
+            out.append(tb)
+        tb = tb.tb_next
+    return out[::-1]
+
+
+def _parse(filename: str):
+    import ast
+
+    try:
+        with open(filename, encoding="utf-8") as fh:
+            return ast.parse(fh.read(), filename)
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def _enclosing_function(tree, line: int):
+    import ast
+
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= (node.end_lineno or node.lineno):
+            if best is None or node.lineno > best.lineno:
+                best = node
+    return best
+
+
+def _assigned_names(node) -> set[str]:
+    import ast
+
+    names: set[str] = set()
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    for target in targets:
+        for sub in ast.walk(target):
+            if isinstance(sub, ast.Name):
+                names.add(sub.id)
+    return names
+
+
+def assignment_line(filename: str, name: str, before: int) -> dict | None:
+    """The last ``name = ...`` before line ``before`` in the function around it (else at module level)."""
+    import ast
+
+    tree = _parse(filename)
+    if tree is None:
+        return None
+    scope = _enclosing_function(tree, before) or tree
+    best = None
+    for node in ast.walk(scope):
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.lineno < before and name in _assigned_names(node):
+            if best is None or node.lineno > best:
+                best = node.lineno
+    return frame_info(filename, best, getattr(scope, "name", "<module>")) if best else None
+
+
+def attribute_assignment_line(cls: type, attr: str) -> dict | None:
+    """Where ``self.<attr> = ...`` is first assigned in ``cls`` (or a base class defined in user code)."""
+    import ast
+    import inspect
+
+    for klass in cls.__mro__:
+        try:
+            filename = inspect.getsourcefile(klass)
+            _, start = inspect.getsourcelines(klass)
+        except (OSError, TypeError):
+            continue
+        if not filename or not is_user_file(filename):
+            continue
+        tree = _parse(filename)
+        if tree is None:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.name == klass.__name__ and node.lineno >= start - 1:
+                hits = [sub.lineno for sub in ast.walk(node) if isinstance(sub, (ast.Assign, ast.AnnAssign))
+                        and any(isinstance(t, ast.Attribute) and t.attr == attr and isinstance(t.value, ast.Name) and t.value.id == "self"
+                                for t in (sub.targets if isinstance(sub, ast.Assign) else [sub.target]))]
+                if hits:
+                    return frame_info(filename, min(hits), klass.__name__)
+    return None
+
+
+def names_in_line(filename: str, line: int) -> list[str]:
+    """Dotted names read by the statement at ``line`` (``logits``, ``outputs.logits``), in source order."""
+    import ast
+
+    tree = _parse(filename)
+    if tree is None:
+        return []
+    statement = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt) and node.lineno <= line <= (node.end_lineno or node.lineno):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.With, ast.For, ast.While, ast.If, ast.Try)):
+                if statement is None or node.lineno >= statement.lineno:
+                    statement = node
+    if statement is None:
+        return []
+    found: list[tuple[int, int, str]] = []
+    for node in ast.walk(statement):
+        if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(getattr(node, "ctx", None), ast.Load):
+            parts = []
+            current = node
+            while isinstance(current, ast.Attribute):
+                parts.append(current.attr)
+                current = current.value
+            if isinstance(current, ast.Name):
+                parts.append(current.id)
+                found.append((node.lineno, node.col_offset, ".".join(reversed(parts))))
+    return list(dict.fromkeys(name for _, _, name in sorted(found)))
+
+
+def resolve_local(frame: types.FrameType, dotted: str):
+    """Value of ``a.b.c`` in ``frame`` without running user code beyond plain attribute reads (None if absent)."""
+    head, *rest = dotted.split(".")
+    if head in frame.f_locals:
+        value = frame.f_locals[head]
+    elif head in frame.f_globals:
+        value = frame.f_globals[head]
+    else:
+        return None
+    for attr in rest:
+        try:
+            value = object.__getattribute__(value, attr) if not hasattr(type(value), "__getattr__") else getattr(value, attr, None)
+        except Exception:
+            return None
+        if value is None:
+            return None
+    return value
+
+
+def local_names_of(frame: types.FrameType, obj) -> list[str]:
+    return [name for name, value in frame.f_locals.items() if value is obj]
