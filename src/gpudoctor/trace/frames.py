@@ -202,7 +202,8 @@ def names_in_line(filename: str, line: int) -> list[str]:
 
 
 def resolve_local(frame: types.FrameType, dotted: str):
-    """Value of ``a.b.c`` in ``frame`` without running user code beyond plain attribute reads (None if absent)."""
+    """Value of ``a.b.c`` in ``frame`` from stored attributes only (no property or __getattr__ of user classes runs);
+    None if absent."""
     head, *rest = dotted.split(".")
     if head in frame.f_locals:
         value = frame.f_locals[head]
@@ -211,13 +212,24 @@ def resolve_local(frame: types.FrameType, dotted: str):
     else:
         return None
     for attr in rest:
-        try:
-            value = object.__getattribute__(value, attr) if not hasattr(type(value), "__getattr__") else getattr(value, attr, None)
-        except Exception:
-            return None
+        value = _stored_attribute(value, attr)
         if value is None:
             return None
     return value
+
+
+def _stored_attribute(value, attr: str):
+    if isinstance(value, dict):  # HF ModelOutput is a dict: outputs.logits
+        return value.get(attr)
+    stored = getattr(value, "__dict__", None)
+    if isinstance(stored, dict):
+        if attr in stored:
+            return stored[attr]
+        for registry in ("_parameters", "_buffers", "_modules"):  # nn.Module
+            table = stored.get(registry)
+            if isinstance(table, dict) and attr in table:
+                return table[attr]
+    return None
 
 
 def local_names_of(frame: types.FrameType, obj) -> list[str]:

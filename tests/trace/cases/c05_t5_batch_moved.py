@@ -17,7 +17,7 @@ def main():
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
         batch = {"input_ids": torch.randint(0, 128, (2, 10)), "labels": torch.randint(0, 128, (2, 6))}
         batch = {k: v.to("gpu:0") for k, v in batch.items()}
-        loss = model(**batch).loss
+        loss = model(**batch, use_cache=False).loss
         loss.backward()
         optimizer.step()
 
