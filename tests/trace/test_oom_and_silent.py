@@ -52,10 +52,19 @@ def test_simulated_cuda_oom_on_capped_virtual_gpu():
     row = oom["memory_by_category"]["gpu:0"]
     weights = sum(p.numel() * 4 for p in model.parameters())
     assert row["weights"] == weights and row["gradients"] == 0 and row["activations_and_other"] > 0
+    # the failed 2 MiB request is half the device: the SDPA mask of one layer, named by shape
+    dominant = oom["dominant_tensor"]
+    assert dominant["shape"] == [8, 1, 256, 256] and dominant["bytes"] == oom["message_fields"]["requested"] == 2 * 2**20
+    assert dominant["module"] == "model.layers.0.self_attn"
+    assert failure["cause"]["id"] == "dominant_activation" and "8×1×256×256" in failure["cause"]["explanation"]
     options = {o["id"]: o for o in oom["options"]}
-    assert {"gradient_checkpointing", "smaller_micro_batch", "device_map_sharding", "zero3_fsdp", "quantize_4bit"} <= set(options)
-    assert options["smaller_micro_batch"]["saving_bytes"] == row["activations_and_other"] // 2
+    assert "sdpa_attention" not in options  # it already is SDPA
+    assert options["shorter_sequence"]["saving_bytes"] == 2 * 2**20 * 3 // 4  # two sequence dims
+    assert options["smaller_micro_batch"]["saving_bytes"] == 2**20
+    assert {"gradient_checkpointing", "device_map_sharding", "zero3_fsdp", "quantize_4bit"} <= set(options)
     assert options["zero3_fsdp"]["saving_bytes"] == int((weights + weights + 2 * weights) * 0.5)
+    savings = [o["saving_bytes"] for o in oom["options"]]
+    assert savings == sorted(savings, reverse=True) and min(savings) >= 0.01 * oom["message_fields"]["requested"]
 
 
 def test_17b_optimizer_holds_replaced_parameters():

@@ -268,7 +268,7 @@ def diagnose_exception(exc: BaseException, probe: Probe) -> dict:
         from gpudoctor.trace.memory import diagnose_oom, find_dominant_tensor
 
         failure["kind"] = "oom"
-        dominant = find_dominant_tensor(probe, snapshot, oom.requested) if snapshot is not None and snapshot.stack else None
+        dominant = find_dominant_tensor(probe, snapshot, oom.requested, oom.total) if snapshot is not None and snapshot.stack else None
         failure["oom"] = diagnose_oom(oom, probe, phase, dominant=dominant, snapshot=snapshot)
         if dominant is not None:
             failure["cause"] = dominant_cause(failure["oom"], dominant)
@@ -543,9 +543,11 @@ def dominant_cause(oom: dict, dominant: dict) -> dict:
     at = f" at {short_path(where['file'])}:{where['line']}" if where else ""
     options = [o for o in oom["options"] if o.get("targets_dominant")][:3] or oom["options"][:2]
     fix = "; or ".join(f"{o['title']} — {o['detail']}" for o in options) or "Shrink that tensor (sequence length, micro-batch)."
-    return _cause("dominant_activation", f"The failing request ({dominant['bytes'] / 2**30:.2f} GiB) is one tensor: {shape} "
-                  f"{dominant['dtype']} made by {dominant['op']} in {dominant.get('module') or 'the model'}{at}. Freeing other memory "
-                  "cannot make room for it; the tensor itself must shrink.",
+    total = (oom.get("message_fields") or {}).get("total")
+    share = f", {dominant['bytes'] / total:.0%} of the device" if total else ""
+    return _cause("dominant_activation", f"The failing request ({dominant['bytes'] / 2**30:.2f} GiB{share}) is one tensor: {shape} "
+                  f"{dominant['dtype']} made by {dominant['op']} in {dominant.get('module') or 'the model'}{at}. Shrinking that "
+                  "tensor is what makes the step fit.",
                   [f"{dominant['op']} → {shape} {dominant['dtype']} ({dominant['bytes']:,} bytes)"], options=fix)
 
 

@@ -135,12 +135,13 @@ def _code_location(frame) -> dict | None:
     return None
 
 
-def find_dominant_tensor(probe, snapshot, requested: int | None) -> dict | None:
+def find_dominant_tensor(probe, snapshot, requested: int | None, total: int | None = None) -> dict | None:
     """Re-run the innermost module (shape only, nothing allocated) to name the tensor the failed request was for.
 
-    Returned only when one tensor is at least 90% of the request: then it, not the rest of the memory, is the problem.
+    Returned only when one tensor is at least 90% of the request and the request is a large share of the device
+    (a quarter or more): then that tensor, not the rest of the memory, is the problem.
     """
-    if not requested:
+    if not requested or (total and requested < total / 4):
         return None
     from gpudoctor.trace.diagnose import rerun_frame
 
@@ -168,7 +169,10 @@ def dominant_options(dominant: dict, snapshot) -> list[dict]:
     batch, seq = _input_dims(snapshot)
     seq_dims = [i for i, d in enumerate(shape) if seq and d == seq and seq > 1]
     module = (dominant.get("module") or "").lower()
-    attention = len(seq_dims) >= 2 and seq_dims[-2:] == [len(shape) - 2, len(shape) - 1] and ("attn" in module or "attention" in module)
+    code = dominant.get("code_location") or {}
+    already_fused = any(k in f"{code.get('file', '')} {code.get('function', '')}".lower() for k in ("sdpa", "flash", "flex"))
+    attention = (len(seq_dims) >= 2 and seq_dims[-2:] == [len(shape) - 2, len(shape) - 1] and ("attn" in module or "attention" in module)
+                 and not already_fused)
     shape_text = "×".join(map(str, shape))
     options = []
     if attention:
