@@ -234,3 +234,58 @@ def _stored_attribute(value, attr: str):
 
 def local_names_of(frame: types.FrameType, obj) -> list[str]:
     return [name for name, value in frame.f_locals.items() if value is obj]
+
+
+def _call_name(node) -> str | None:
+    import ast
+
+    func = node.func if isinstance(node, ast.Call) else None
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    if isinstance(func, ast.Name):
+        return func.id
+    return None
+
+
+def construction_line(filename: str, class_names: set[str], name: str | None, before: int) -> dict | None:
+    """Where ``... = ClassName(...)`` builds an object of one of ``class_names`` in ``filename``: the assignment to
+    ``name`` if there is one, else the last one before line ``before``, else the only one in the file."""
+    import ast
+
+    tree = _parse(filename)
+    if tree is None:
+        return None
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call) and _call_name(node.value) in class_names:
+            hits.append((node.lineno, name is not None and name in _assigned_names(node)))
+    if not hits:
+        return None
+    named = [line for line, is_named in hits if is_named]
+    earlier = [line for line, _ in hits if line < before]
+    line = (named and max(named)) or (earlier and max(earlier)) or (len(hits) == 1 and hits[0][0])
+    return frame_info(filename, line, "") if line else None
+
+
+def freeze_line(filename: str, before: int) -> dict | None:
+    """The last ``x.requires_grad_(False)`` / ``p.requires_grad = False`` before line ``before`` (the same function first)."""
+    import ast
+
+    tree = _parse(filename)
+    if tree is None:
+        return None
+
+    def freezes(node) -> bool:
+        if isinstance(node, ast.Call) and _call_name(node) == "requires_grad_":
+            return bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value is False
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value is False:
+            return any(isinstance(t, ast.Attribute) and t.attr == "requires_grad" for t in node.targets)
+        return False
+
+    for scope in (_enclosing_function(tree, before), tree):
+        if scope is None:
+            continue
+        lines = [n.lineno for n in ast.walk(scope) if freezes(n) and n.lineno < before]
+        if lines:
+            return frame_info(filename, max(lines), getattr(scope, "name", "<module>"))
+    return None

@@ -14,6 +14,7 @@ def main():
                                                 decoder_start_token_id=0))
     with VirtualGPUs():
         fake_place(model, "gpu:0")
+        model.tie_weights()  # fake_place re-creates each module's parameters, which unties shared/embed_tokens
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
         batch = {"input_ids": torch.randint(0, 128, (2, 10)), "labels": torch.randint(0, 128, (2, 6))}
         batch = {k: v.to("gpu:0") for k, v in batch.items()}
