@@ -248,23 +248,31 @@ def _call_name(node) -> str | None:
 
 
 def construction_line(filename: str, class_names: set[str], name: str | None, before: int) -> dict | None:
-    """Where ``... = ClassName(...)`` builds an object of one of ``class_names`` in ``filename``: the assignment to
-    ``name`` if there is one, else the last one before line ``before``, else the only one in the file."""
+    """Where ``... = ClassName(...)`` builds an object of one of ``class_names``: in the function around line ``before``
+    the last one before it (preferring an assignment to ``name``); else, anywhere in the file, the assignment to ``name``
+    or the only construction there is (a ``build()`` helper that returns it)."""
     import ast
 
     tree = _parse(filename)
     if tree is None:
         return None
-    hits = []
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call) and _call_name(node.value) in class_names:
-            hits.append((node.lineno, name is not None and name in _assigned_names(node)))
-    if not hits:
-        return None
-    named = [line for line, is_named in hits if is_named]
-    earlier = [line for line, _ in hits if line < before]
-    line = (named and max(named)) or (earlier and max(earlier)) or (len(hits) == 1 and hits[0][0])
-    return frame_info(filename, line, "") if line else None
+
+    def hits(scope):
+        return [(node.lineno, name is not None and name in _assigned_names(node)) for node in ast.walk(scope)
+                if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call)
+                and _call_name(node.value) in class_names]
+
+    function = _enclosing_function(tree, before)
+    if function is not None:
+        local = [(line, named) for line, named in hits(function) if line < before]
+        if local:
+            named = [line for line, is_named in local if is_named]
+            return frame_info(filename, max(named or [line for line, _ in local]), function.name)
+    every = hits(tree)
+    named = [line for line, is_named in every if is_named]
+    if len(named) == 1 or (not named and len(every) == 1):
+        return frame_info(filename, (named or [every[0][0]])[0], "")
+    return None
 
 
 def freeze_line(filename: str, before: int) -> dict | None:
