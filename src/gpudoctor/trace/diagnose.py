@@ -153,6 +153,8 @@ def detect_phase(exc: BaseException, probe: Probe, snapshot) -> str:
         if not snapshot.grad_enabled or not snapshot.training:
             return "evaluation"
         return "forward"
+    if first_user_frame_from_traceback(exc.__traceback__) is not None:
+        return "user_code"  # outside any module call: a loss, generate(), a metric written in the script
     return "unknown"
 
 

@@ -11,12 +11,14 @@ import sys
 import weakref
 from dataclasses import dataclass, field
 
+import torch
 import torch.nn as nn
 
 from gpudoctor.trace.diagnose import compress_paths, placement_groups
 from gpudoctor.trace.frames import assignment_line, construction_line, freeze_line, is_user_file, local_names_of
 from gpudoctor.trace.probe import Probe, _offload_hook, value_fingerprint
 
+_SCHEDULERS = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 _UNCHANGED_CHECKS = {2, 3, 4, 8, 16, 32, 64, 128, 256, 512, 1024}  # steps at which "never changed" is re-checked
 
 
@@ -127,7 +129,7 @@ def _step_site(optimizer) -> dict | None:
             if names and "optimizer_name" not in site:
                 site.update(optimizer_name=names[0], optimizer_frame=(filename, frame.f_lineno))
             for name, value in frame.f_locals.items():
-                if "scheduler_name" not in site and getattr(value, "optimizer", None) is optimizer and hasattr(value, "get_last_lr"):
+                if "scheduler_name" not in site and isinstance(value, _SCHEDULERS) and value.optimizer is optimizer:
                     site.update(scheduler_name=name, scheduler_line=assignment_line(filename, name, frame.f_lineno))
         frame = frame.f_back
         depth += 1

@@ -276,7 +276,7 @@ def construction_line(filename: str, class_names: set[str], name: str | None, be
 
 
 def freeze_line(filename: str, before: int) -> dict | None:
-    """The last ``x.requires_grad_(False)`` / ``p.requires_grad = False`` before line ``before`` (the same function first)."""
+    """The last ``x.requires_grad_(False)`` / ``p.requires_grad = False`` before line ``before`` in its function, else the last in the file."""
     import ast
 
     tree = _parse(filename)
@@ -290,10 +290,10 @@ def freeze_line(filename: str, before: int) -> dict | None:
             return any(isinstance(t, ast.Attribute) and t.attr == "requires_grad" for t in node.targets)
         return False
 
-    for scope in (_enclosing_function(tree, before), tree):
-        if scope is None:
-            continue
-        lines = [n.lineno for n in ast.walk(scope) if freezes(n) and n.lineno < before]
+    function = _enclosing_function(tree, before)
+    if function is not None:
+        lines = [n.lineno for n in ast.walk(function) if freezes(n) and n.lineno < before]
         if lines:
-            return frame_info(filename, max(lines), getattr(scope, "name", "<module>"))
-    return None
+            return frame_info(filename, max(lines), function.name)
+    lines = [n.lineno for n in ast.walk(tree) if freezes(n)]
+    return frame_info(filename, max(lines), "") if lines else None
