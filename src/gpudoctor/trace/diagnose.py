@@ -472,6 +472,8 @@ def match_cause(failure: dict, info, mismatch, probe: Probe, snapshot, index: Or
     locals_ = [t for t in tensors if t["origin"].get("kind") == "user_local"]
     if locals_ and len({t["device"] for t in locals_}) > 1:
         offending = info.devices[-1] if info and len(info.devices) > 1 else None
+        if any(t["device"] not in ("cpu", "meta") for t in locals_):
+            offending = "cpu" if any(t["device"] == "cpu" for t in locals_) else offending  # data goes to the accelerator
         bad = next((t for t in locals_ if t["device"] == offending), locals_[-1])
         other = next((t for t in locals_ if t["device"] != bad["device"] and t["dtype"].startswith(("float", "bfloat"))),
                      next(t for t in locals_ if t["device"] != bad["device"]))

@@ -3,7 +3,7 @@
 Source: https://github.com/facebookresearch/fairseq/issues/4702 (which parameters does the optimizer really update)
 and https://github.com/amdegroot/ssd.pytorch/issues/109 (freezing layers vs the optimizer's parameter list)
 """
-# case: {"kind": "silent", "exit": 0, "cause": "optimizer_misses_trainable", "fix": ["requires_grad"]}
+# case: {"kind": "silent", "exit": 0, "module": "classifier", "cause": "optimizer_misses_trainable", "fix": ["requires_grad"]}
 import torch
 import torch.nn as nn
 from transformers import BertConfig, BertModel

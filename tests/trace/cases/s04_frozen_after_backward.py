@@ -2,7 +2,7 @@
 
 Source: https://github.com/open-mmlab/OpenPCDet/issues/845 (frozen module's weights still change)
 """
-# case: {"kind": "silent", "exit": 0, "cause": "frozen_but_updated", "fix": ["set_to_none"], "rule": "GD414"}
+# case: {"kind": "silent", "exit": 0, "module": "bert.embeddings", "cause": "frozen_but_updated", "fix": ["set_to_none"], "rule": "GD414"}
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
