@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "cases"))
 
-from scoring import load_cases, run_case  # noqa: E402
+from scoring import load_cases, run_all  # noqa: E402
 
 CASES = load_cases()
 FAST = {"f05_teacher_left_on_cpu", "f07_custom_loss_on_split_outputs", "s01_optimizer_before_get_peft_model",
@@ -33,8 +33,16 @@ def test_the_case_set_is_complete_and_cited():
     assert FAST <= {c.name for c in CASES}
 
 
+@pytest.fixture(scope="module")
+def outcomes(request):
+    """Run every selected case once, several at a time (bounded by the CPU count), before their tests look."""
+    selected = {item.callspec.params["case"].name for item in request.session.items
+                if getattr(item, "originalname", None) == "test_case" and hasattr(item, "callspec")}
+    return {o.case.name: o for o in run_all([c for c in CASES if c.name in selected])}
+
+
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.name, marks=() if c.name in FAST else pytest.mark.slow) for c in CASES])
-def test_case(case):
-    outcome = run_case(case)
+def test_case(case, outcomes):
+    outcome = outcomes[case.name]
     assert outcome.ok, "\n".join(outcome.problems)
     assert outcome.kept_program_behaviour and not outcome.crashed
