@@ -282,3 +282,81 @@ def test_probe_restores_module_call_and_keeps_user_exception():
     report, exc = failure_of(run, model)
     assert isinstance(exc, KeyError) and nn.Module.__call__ is original
     assert report["failure"]["kind"] == "other"
+
+
+def test_teacher_left_on_cpu_is_the_model_not_the_batch(llama):
+    from trace_helpers import tiny_llama
+
+    student = llama
+
+    def run():
+        teacher = tiny_llama(layers=1)  # built, never moved
+        with VirtualGPUs():
+            fake_place(student, "gpu:0")
+            ids = torch.randint(0, 128, (2, 8), device="gpu:0")
+            student(input_ids=ids, use_cache=False)
+            teacher(input_ids=ids, use_cache=False)
+
+    report, _ = failure_of(run)
+    cause = report["failure"]["cause"]
+    assert cause["id"] == "model_not_moved" and cause["rule"] == "GD609"
+    assert "`teacher.to(\"gpu:0\")`" in cause["fix"]
+    assert cause["location"]["code"] == "teacher = tiny_llama(layers=1)  # built, never moved"
+
+
+def test_loss_weight_on_cpu_names_the_loss_and_its_line():
+    model = nn.Linear(4, 3)
+
+    def run():
+        criterion = nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0, 3.0]))
+        with VirtualGPUs():
+            fake_place(model, "gpu:0")
+            logits = model(torch.randn(5, 4, device="gpu:0"))
+            criterion(logits, torch.randint(0, 3, (5,), device="gpu:0"))
+
+    report, _ = failure_of(run)
+    failure = report["failure"]
+    assert failure["module"]["class"] == "CrossEntropyLoss"
+    assert {(t["argument"], t["device"], t["origin"]["kind"]) for t in failure["tensors"]} >= {("weight", "cpu", "buffer")}
+    cause = failure["cause"]
+    assert cause["id"] == "loss_weight_on_cpu" and cause["rule"] == "GD604"
+    assert "criterion = nn.CrossEntropyLoss(weight=...).to(\"gpu:0\")" in cause["fix"]
+    assert cause["location"]["code"].startswith("criterion = nn.CrossEntropyLoss(weight=")
+
+
+def test_mismatch_in_user_code_reads_the_operands_from_the_users_frame():
+    head = nn.Linear(4, 6)
+
+    def run():
+        with VirtualGPUs():
+            fake_place(head, "gpu:1")
+            logits = head(torch.randn(3, 4, device="gpu:1"))
+            labels = torch.randint(0, 6, (3,), device="gpu:0")
+            return nn.functional.cross_entropy(logits, labels)  # no module call fails here
+
+    report, _ = failure_of(run)
+    failure = report["failure"]
+    assert failure["module"] is None
+    assert {(t["argument"], t["device"]) for t in failure["tensors"]} == {("logits", "gpu:1"), ("labels", "gpu:0")}
+    assert failure["cause"]["id"] == "user_code_mismatch"
+    assert "`labels = labels.to(logits.device)`" in failure["cause"]["fix"]
+
+
+def test_t5_labels_are_followed_back_through_the_decoder_inputs_the_model_builds():
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    model = T5ForConditionalGeneration(T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=4,
+                                                decoder_start_token_id=0))
+
+    def run():
+        with VirtualGPUs():
+            fake_place(model, "gpu:0")
+            model(input_ids=torch.randint(0, 64, (2, 5), device="gpu:0"), labels=torch.randint(0, 64, (2, 4)), use_cache=False)
+
+    report, _ = failure_of(run)
+    failure = report["failure"]
+    indices = next(t for t in failure["tensors"] if t["device"] == "cpu")
+    assert indices["origin"]["kind"] == "module_input" and indices["origin"]["name"] == "labels" and indices["origin"]["via"]
+    cause = failure["cause"]
+    assert cause["id"] == "batch_not_moved" and "`labels = labels.to(model.device)`" in cause["fix"]
+    assert "before any loss" in cause["explanation"] and "loss moves" not in cause["fix"]

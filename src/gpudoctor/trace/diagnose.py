@@ -12,19 +12,47 @@ import os
 import torch
 import torch.nn as nn
 
-from gpudoctor.trace.devicecheck import DeviceCheckMode, DeviceMismatchDetected
-from gpudoctor.trace.frames import first_user_frame_from_traceback, short_path, traceback_frames
+from gpudoctor.trace.devicecheck import DeviceMismatchDetected
+from gpudoctor.trace.frames import (
+    assignment_line,
+    attribute_assignment_line,
+    first_user_frame_from_traceback,
+    local_names_of,
+    names_in_line,
+    resolve_local,
+    short_path,
+    traceback_frames,
+    user_tracebacks,
+)
 from gpudoctor.trace.messages import parse_device_message, parse_oom_message
-from gpudoctor.trace.origins import OriginIndex, describe
+from gpudoctor.trace.origins import OriginIndex, ProvenanceCheckMode, describe
 from gpudoctor.trace.probe import Probe, _offload_hook
 
 # id -> (title, fix template, static rule code or None, reference)
 CAUSES: dict[str, tuple[str, str, str | None, str]] = {
     "batch_not_moved": (
         "The batch was not moved to the model's device",
-        "Move every input to the model before the call, e.g. `batch = {{k: v.to(model.device) for k, v in batch.items()}}` "
-        "(or let `accelerator.prepare(dataloader)` do it). Labels may stay on CPU: the HF loss moves them.",
+        "Move every input to the model's device before the call, e.g. `batch = {{k: v.to(model.device) for k, v in batch.items()}}` "
+        "(or let `accelerator.prepare(dataloader)` do it){also}.",
         None, "ground truth 5a; issues pytorch/tutorials#1657"),
+    "model_not_moved": (
+        "A second model (teacher / reference) was never moved to the device of its inputs",
+        "Move `{name}` where its inputs are, once, right after building it ({where}): `{name}.to({device})` "
+        "(or `{name} = accelerator.prepare({name})`).",
+        "GD609", "ground truth 5a-5c; trl#1147, nlp-with-transformers/notebooks#61"),
+    "loss_weight_on_cpu": (
+        "The loss module's `weight` is on the CPU while the logits and labels are on the GPU",
+        "Move the loss with its weight where it is built ({where}): `{name} = {cls}(weight=...).to({device})`, or create "
+        "the weight tensor with `device=`.",
+        "GD604", "pytorch#122757"),
+    "user_code_mismatch": (
+        "Your code combines tensors that live on different devices",
+        "Move `{arg}` to the device of `{other}` before this line: `{arg} = {arg}.to({other}.device)`.",
+        None, "shuxueslpi/chatGLM-6B-QLoRA#38; unsloth#4059"),
+    "dominant_activation": (
+        "One activation is most of the failing request",
+        "{options}",
+        None, "runtime-anchors OOM table (eager S² attention, B×S×V logits)"),
     "tensor_created_in_forward": (
         "A tensor created inside forward() has no device=",
         "Create it on the device of the data it meets: `torch.{op}(..., device={other}.device)` at {where}, "
@@ -95,14 +123,19 @@ CAUSES: dict[str, tuple[str, str, str | None, str]] = {
 }
 
 
-def _cause(cause_id: str, explanation: str, evidence: list[str], **fmt) -> dict:
+def _cause(cause_id: str, explanation: str, evidence: list[str], location: dict | None = None, **fmt) -> dict:
+    """``location``: the line to change when it is not the line that failed (where a tensor or module was built)."""
     title, fix, rule, ref = CAUSES[cause_id]
     try:
         fix = fix.format(**fmt)
     except (KeyError, IndexError):
         fix = fix.replace("{{", "{").replace("}}", "}")
     return {"id": cause_id, "title": title, "explanation": explanation, "fix": fix, "rule": rule, "reference": ref,
-            "evidence": evidence}
+            "evidence": evidence, "location": location}
+
+
+def _where(location: dict | None, fallback: str = "where it is built") -> str:
+    return f"{short_path(location['file'])}:{location['line']}" if location else fallback
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,6 +153,8 @@ def detect_phase(exc: BaseException, probe: Probe, snapshot) -> str:
         if not snapshot.grad_enabled or not snapshot.training:
             return "evaluation"
         return "forward"
+    if first_user_frame_from_traceback(exc.__traceback__) is not None:
+        return "user_code"  # outside any module call: a loss, generate(), a metric written in the script
     return "unknown"
 
 
@@ -144,7 +179,7 @@ def is_dispatched(model: nn.Module) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 def rerun_with_device_check(probe: Probe, snapshot):
-    """Re-run the failing call under DeviceCheckMode; return (mismatch or None, mode).
+    """Re-run the failing call under the device check; return (mismatch or None, mode).
 
     The outermost call is re-run first, so tensors made anywhere on the way (e.g. in the root's
     forward) get an origin; the innermost call is the fallback when that doesn't reproduce. Runs
@@ -152,16 +187,24 @@ def rerun_with_device_check(probe: Probe, snapshot):
     """
     last_mode = None
     for depth in dict.fromkeys((0, len(snapshot.stack) - 1)):
-        mismatch, last_mode = _rerun_frame(probe, snapshot, depth)
-        if mismatch is not None:
-            return mismatch, last_mode
+        last_mode = ProvenanceCheckMode(probe.current_path)
+        rerun_frame(probe, snapshot, depth, last_mode, DeviceMismatchDetected)
+        if last_mode.mismatch is not None:
+            return last_mode.mismatch, last_mode
     return None, last_mode
 
 
-def _rerun_frame(probe: Probe, snapshot, depth: int):
+def rerun_frame(probe: Probe, snapshot, depth: int, mode, stop: type[BaseException], fake_fallback: bool = False) -> None:
+    """Call ``snapshot.stack[depth]`` again under ``mode`` (no grad, forked RNG); ``stop`` is how the mode ends early.
+
+    ``fake_fallback``: run on shape-only copies when the inputs hold data (an OOM must not allocate again).
+    """
     frame = snapshot.stack[depth]
     fake_mode = _fake_mode_of(frame)
-    mode = DeviceCheckMode(probe.current_path)
+    if fake_mode is None and fake_fallback:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
         with contextlib.ExitStack() as stack:
             if fake_mode is not None:
@@ -170,11 +213,10 @@ def _rerun_frame(probe: Probe, snapshot, depth: int):
             stack.enter_context(torch.random.fork_rng(devices=[]))
             stack.enter_context(mode)
             frame.module(*frame.args, **frame.kwargs)
-    except DeviceMismatchDetected:
+    except stop:
         pass
     except Exception as exc:  # failing differently tells nothing about devices
         probe._record_error(f"diagnostic re-run of {frame.path or type(frame.module).__name__}", exc)
-    return mode.mismatch, mode
 
 
 def _fake_mode_of(frame):
@@ -216,12 +258,16 @@ def diagnose_exception(exc: BaseException, probe: Probe) -> dict:
     elif phase == "backward" and (path := probe.backward_module_path(exc)) is not None:
         failure["module"] = {"path": path, "class": _class_of_path(probe, path), "root": None}
 
+    user_tbs = user_tracebacks(exc.__traceback__)
     oom = parse_oom_message(message) if isinstance(exc, (RuntimeError, MemoryError)) else None
     if oom is not None:
-        from gpudoctor.trace.memory import diagnose_oom
+        from gpudoctor.trace.memory import diagnose_oom, find_dominant_tensor
 
         failure["kind"] = "oom"
-        failure["oom"] = diagnose_oom(oom, probe, phase)
+        dominant = find_dominant_tensor(probe, snapshot, oom.requested, oom.total) if snapshot is not None and snapshot.stack else None
+        failure["oom"] = diagnose_oom(oom, probe, phase, dominant=dominant, snapshot=snapshot)
+        if dominant is not None:
+            failure["cause"] = dominant_cause(failure["oom"], dominant)
         return failure
 
     mismatch = probe.device_mode.mismatch_for(exc) if probe.device_mode is not None else None
@@ -246,8 +292,39 @@ def diagnose_exception(exc: BaseException, probe: Probe) -> dict:
                                        "origin": origin, "origin_text": describe(origin)})
         if mismatch.module_path is not None and failure["module"] is not None:
             failure["module"]["op_module"] = mismatch.module_path
-    failure["cause"] = match_cause(failure, info, mismatch, probe, snapshot, index)
+    elif not (snapshot and snapshot.stack) and user_tbs:
+        # outside any module call: the operands are in the user's own frame
+        failure["tensors"] = user_operands(user_tbs[0])
+    failure["cause"] = match_cause(failure, info, mismatch, probe, snapshot, index, user_tbs)
     return failure
+
+
+def user_operands(tb) -> list[dict]:
+    """Tensors the failing line of the user's frame reads (``logits``, ``batch['labels']``), with their devices."""
+    frame, line = tb.tb_frame, tb.tb_lineno
+    function = frame.f_code.co_name
+    out = []
+    for name in names_in_line(frame.f_code.co_filename, line):
+        value = resolve_local(frame, name)
+        items = [(name, value)] if isinstance(value, torch.Tensor) else (
+            [(f"{name}[{k!r}]", v) for k, v in value.items() if isinstance(v, torch.Tensor)] if isinstance(value, dict) else [])
+        for argument, tensor in items[:8]:
+            origin = {"kind": "user_local", "name": argument, "function": function}
+            out.append({"argument": argument, "device": str(tensor.device), "dtype": str(tensor.dtype).replace("torch.", ""),
+                        "shape": list(tensor.shape), "origin": origin, "origin_text": describe(origin)})
+    return out
+
+
+def built_at(user_tbs, obj) -> tuple[str | None, dict | None]:
+    """(local name, line that assigned it) for ``obj`` in the user's frames, innermost first: where to fix it."""
+    first_name = None
+    for tb in user_tbs:
+        for name in local_names_of(tb.tb_frame, obj):
+            first_name = first_name or name
+            location = assignment_line(tb.tb_frame.f_code.co_filename, name, tb.tb_lineno)
+            if location is not None:
+                return name, location
+    return first_name, None
 
 
 def _class_of_path(probe: Probe, path: str) -> str:
@@ -258,7 +335,7 @@ def _class_of_path(probe: Probe, path: str) -> str:
     return "?"
 
 
-def match_cause(failure: dict, info, mismatch, probe: Probe, snapshot, index: OriginIndex) -> dict | None:
+def match_cause(failure: dict, info, mismatch, probe: Probe, snapshot, index: OriginIndex, user_tbs=()) -> dict | None:
     roots = probe.root_models()
     kind = failure["kind"]
     inner = snapshot.stack[-1].module if snapshot and snapshot.stack else None
@@ -295,12 +372,19 @@ def match_cause(failure: dict, info, mismatch, probe: Probe, snapshot, index: Or
             for key, value in list(enumerate(root_frame.args)) + list(root_frame.kwargs.items()):
                 if isinstance(value, torch.Tensor) and value.device.type == "meta":
                     meta_inputs.append(f"input `{key}` of {type(root_frame.module).__name__} is on meta")
+        location = None
+        if not meta_inputs and user_tbs:
+            for t in failure["tensors"]:
+                if t["device"] == "meta" and t["origin"].get("kind") == "user_local":
+                    meta_inputs.append(f"`{t['argument']}` in your code is on meta")
+                    tb = user_tbs[0]
+                    location = location or assignment_line(tb.tb_frame.f_code.co_filename, t["argument"].split("[")[0], tb.tb_lineno)
         offloaded = any(_offload_hook(m) is not None for r in roots for m in r.modules())
         if meta_inputs:
             first = next((p for r in roots for p in r.parameters()), None)
             evidence = meta_inputs + ([f"model.device is {first.device} (its first parameter is an offloaded placeholder)"] if first is not None else [])
             return _cause("inputs_to_meta_device", "`model.device` is the device of the first parameter; with offload that is a "
-                          "`meta` placeholder, so `.to(model.device)` made data-less inputs.", evidence)
+                          "`meta` placeholder, so `.to(model.device)` made data-less inputs.", evidence, location)
         meta_params = [n for m in roots for n, p in m.named_parameters() if p.device.type == "meta"]
         if meta_params and not offloaded:
             return _cause("meta_weights_not_loaded", f"{len(meta_params)} parameter(s) are on meta and no accelerate hook loads them.",
@@ -321,32 +405,35 @@ def match_cause(failure: dict, info, mismatch, probe: Probe, snapshot, index: Or
 
     tensors = failure["tensors"]
     common = mismatch.common_device if mismatch else (info.devices[0] if info and info.devices else "?")
+    table = [f"{o['argument']}: {o['device']} — {o['origin_text']}" for o in tensors]
 
     for t in tensors:
         origin = t["origin"]
         if origin.get("kind") == "created_in_forward":
             others = [o for o in tensors if o is not t and o["device"] != t["device"]]
             other_arg = others[0]["argument"] if others else "x"
-            loc = origin.get("location") or {}
-            where = f"{short_path(loc.get('file', '?'))}:{loc.get('line', '?')}" if loc else "the line that creates it"
+            loc = origin.get("location") or None
             op = origin.get("op", "aten.empty").split(".")[-1]
             return _cause("tensor_created_in_forward", f"`{t['argument']}` was made by {origin.get('op')} on {t['device']} "
                           f"inside {origin.get('module') or 'forward'}, while the other operand is on {others[0]['device'] if others else common}.",
-                          [f"{o['argument']}: {o['device']} — {o['origin_text']}" for o in tensors], op=op, other=other_arg, where=where)
+                          table, loc, op=op, other=other_arg, where=_where(loc, "the line that creates it"))
     for t in tensors:
         origin = t["origin"]
         if origin.get("kind") == "attribute":
             name = origin["name"]
             module_path, _, attr = name.rpartition(".")
+            owner = _module_at(roots, module_path)
+            loc = attribute_assignment_line(type(owner), attr) if owner is not None else None
             return _cause("plain_tensor_attribute", f"{name} is a plain tensor attribute on {t['device']}; model.to() moved the "
-                          "parameters and buffers but not it.", [f"{o['argument']}: {o['device']} — {o['origin_text']}" for o in tensors],
-                          attr=attr, module=module_path or "the module")
+                          "parameters and buffers but not it.", table, loc, attr=attr, module=module_path or "the module")
         if origin.get("kind") == "unregistered_parameter":
+            path = origin["name"].rsplit(".", 1)[0]
             return _cause("submodule_in_python_list", f"{origin['name']} stays on {t['device']}: its module is not registered.",
-                          [f"{o['argument']}: {o['device']} — {o['origin_text']}" for o in tensors], path=origin["name"].rsplit(".", 1)[0])
+                          table, _container_location(roots, path), path=path)
     if probe.unregistered and not tensors:
         path = next(iter(probe.unregistered.values()))
-        return _cause("submodule_in_python_list", f"{path} is called from forward but isn't a registered submodule.", [path], path=path)
+        return _cause("submodule_in_python_list", f"{path} is called from forward but isn't a registered submodule.", [path],
+                      _container_location(roots, path), path=path)
 
     for root in roots:
         if not is_dispatched(root):
@@ -361,28 +448,107 @@ def match_cause(failure: dict, info, mismatch, probe: Probe, snapshot, index: Or
 
     root_inputs = [t for t in tensors if t["origin"].get("kind") == "module_input" and t["origin"].get("depth") == 0]
     params = [t for t in tensors if t["origin"].get("kind") in ("parameter", "buffer")]
-    if root_inputs and params and any(r["device"] != p["device"] for r in root_inputs for p in params):
-        r = root_inputs[0]
-        return _cause("batch_not_moved", f"`{r['origin']['name']}` reached {r['origin']['module']} on {r['device']}; the "
-                      f"parameters it meets are on {params[0]['device']}.",
-                      [f"{o['argument']}: {o['device']} — {o['origin_text']}" for o in tensors])
+    root = snapshot.stack[0].module if snapshot and snapshot.stack else None
+    if root_inputs and params and root is not None and any(r["device"] != p["device"] for r in root_inputs for p in params):
+        left = _left_behind(root, params, root_inputs)
+        if left is not None:
+            return left_behind_cause(root, left, root_inputs, table, user_tbs)
+        r = next((x for x in root_inputs if x["device"] != params[0]["device"]), root_inputs[0])
+        return _batch_cause(r, params[0]["device"], table)
 
-    for root in roots:
-        devices = {d for d in param_devices(root) if d != "meta"}
-        if len(devices) > 1 and not is_dispatched(root):
-            groups = placement_groups(root)
-            return _cause("manual_split_without_hooks", f"{type(root).__name__} has parameters on {', '.join(sorted(devices))} "
+    for root_model in roots:
+        devices = {d for d in param_devices(root_model) if d != "meta"}
+        if len(devices) > 1 and not is_dispatched(root_model):
+            groups = placement_groups(root_model)
+            return _cause("manual_split_without_hooks", f"{type(root_model).__name__} has parameters on {', '.join(sorted(devices))} "
                           "and no accelerate hooks.", [f"{d}: {', '.join(g)}" for d, g in groups.items()])
 
     if root_inputs:
-        r = root_inputs[0]
-        return _cause("batch_not_moved", f"`{r['origin']['name']}` reached {r['origin']['module']} on {r['device']}.",
-                      [f"{o['argument']}: {o['device']} — {o['origin_text']}" for o in tensors])
+        return _batch_cause(root_inputs[0], common, table)
+    locals_ = [t for t in tensors if t["origin"].get("kind") == "user_local"]
+    if locals_ and len({t["device"] for t in locals_}) > 1:
+        offending = info.devices[-1] if info and len(info.devices) > 1 else None
+        if any(t["device"] not in ("cpu", "meta") for t in locals_):
+            offending = "cpu" if any(t["device"] == "cpu" for t in locals_) else offending  # data goes to the accelerator
+        bad = next((t for t in locals_ if t["device"] == offending), locals_[-1])
+        other = next((t for t in locals_ if t["device"] != bad["device"] and t["dtype"].startswith(("float", "bfloat"))),
+                     next(t for t in locals_ if t["device"] != bad["device"]))
+        return _cause("user_code_mismatch", f"`{bad['argument']}` is on {bad['device']} and `{other['argument']}` on {other['device']} "
+                      f"where your code combines them (no module call is involved: the line below is where they meet).", table,
+                      arg=bad["argument"], other=other["argument"])
     if tensors:
         bad = next((t for t in tensors if t["argument"] == (mismatch.argument if mismatch else None)), tensors[-1])
-        return _cause("generic_mismatch", "See the tensors above.", [f"{o['argument']}: {o['device']} — {o['origin_text']}" for o in tensors],
-                      arg=bad["argument"], origin=bad["origin_text"], common=common)
+        return _cause("generic_mismatch", "See the tensors above.", table, arg=bad["argument"], origin=bad["origin_text"], common=common)
     return None
+
+
+def _batch_cause(r: dict, device: str, table: list[str]) -> dict:
+    name = r["origin"]["name"]
+    via = r["origin"].get("via")
+    consumed = (f" The model turns `{name}` into a new tensor ({via}) inside forward, before any loss, so it must be on the "
+                "model's device too.") if via else ""
+    also = f"; `{name}` included: `{name} = {name}.to(model.device)`" if name not in ("input_ids", "args[0]") else ""
+    return _cause("batch_not_moved", f"`{name}` reached {r['origin']['module']} on {r['device']}; the parameters it meets are on "
+                  f"{device}.{consumed}", table, also=also)
+
+
+def _left_behind(root: nn.Module, params: list[dict], root_inputs: list[dict]) -> str | None:
+    """The device a whole module sits on when it, not its inputs, is in the wrong place: all of its parameters on the
+    CPU while the inputs it is given already live on an accelerator. None when the inputs are the odd ones out."""
+    devices = set(param_devices(root)) | {str(b.device) for b in root.buffers()}
+    input_devices = {r["device"] for r in root_inputs}
+    if devices == {"cpu"} and input_devices and "cpu" not in input_devices and "meta" not in input_devices:
+        return "cpu"
+    return None
+
+
+def left_behind_cause(root: nn.Module, device: str, root_inputs: list[dict], table: list[str], user_tbs) -> dict:
+    target = next(r["device"] for r in root_inputs if r["device"] != device)
+    name, location = built_at(user_tbs, root)
+    cls = type(root).__name__
+    if cls.endswith("Loss"):
+        return _cause("loss_weight_on_cpu", f"{cls}'s weight is a buffer on {device}; its inputs are on {target}. A loss module "
+                      "is moved like a model (`.to()`), or its weight must be created on the device.", table, location,
+                      name=name or "loss_fn", cls=f"nn.{cls}", device=_device_literal(target), where=_where(location))
+    return _cause("model_not_moved", f"{cls}{f' (`{name}`)' if name else ''} has all its parameters on {device}, and is called "
+                  f"with inputs on {target}: the model, not the batch, is in the wrong place.", table, location,
+                  name=name or "model", device=_device_literal(target), where=_where(location))
+
+
+def _device_literal(device: str) -> str:
+    return f'"{device}"'
+
+
+def _module_at(roots, path: str):
+    for root in roots:
+        if not path:
+            return root
+        for name, module in root.named_modules():
+            if name == path:
+                return module
+    return None
+
+
+def _container_location(roots, path: str) -> dict | None:
+    """``blocks[0]`` / ``encoder.heads[1]``: where the plain list holding it is assigned."""
+    parent_path, _, last = path.rpartition(".")
+    attr = last.split("[", 1)[0]
+    owner = _module_at(roots, parent_path)
+    return attribute_assignment_line(type(owner), attr) if owner is not None else None
+
+
+def dominant_cause(oom: dict, dominant: dict) -> dict:
+    shape = "×".join(map(str, dominant["shape"]))
+    where = dominant.get("code_location")
+    at = f" at {short_path(where['file'])}:{where['line']}" if where else ""
+    options = [o for o in oom["options"] if o.get("targets_dominant")][:3] or oom["options"][:2]
+    fix = "; or ".join(f"{o['title']} — {o['detail']}" for o in options) or "Shrink that tensor (sequence length, micro-batch)."
+    total = (oom.get("message_fields") or {}).get("total")
+    share = f", {dominant['bytes'] / total:.0%} of the device" if total else ""
+    return _cause("dominant_activation", f"The failing request ({dominant['bytes'] / 2**30:.2f} GiB{share}) is one tensor: {shape} "
+                  f"{dominant['dtype']} made by {dominant['op']} in {dominant.get('module') or 'the model'}{at}. Shrinking that "
+                  "tensor is what makes the step fit.",
+                  [f"{dominant['op']} → {shape} {dominant['dtype']} ({dominant['bytes']:,} bytes)"], options=fix)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import resource
+import sys
 
 import torch
 import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from gpudoctor.trace.frames import first_user_frame_from_stack, frame_info
 from gpudoctor.trace.messages import OomInfo, classify_oom
 
 ADAM_STATE_BYTES = 8  # exp_avg + exp_avg_sq in fp32
@@ -85,7 +88,118 @@ def device_count() -> int:
     return 1
 
 
-def diagnose_oom(info: OomInfo, probe, phase: str) -> dict:
+# ---------------------------------------------------------------------------------------------
+# the tensor that did not fit
+# ---------------------------------------------------------------------------------------------
+
+class _Found(Exception):
+    pass
+
+
+class LargestOutputMode(TorchDispatchMode):
+    """Shape-only re-run of the failing module: stops at the first op whose output is as large as the failed request."""
+
+    def __init__(self, module_path, stop_at: int | None):
+        super().__init__()
+        self.module_path = module_path
+        self.stop_at = stop_at
+        self.largest: dict | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.is_view:
+            return out
+        for tensor in out if isinstance(out, (list, tuple)) else (out,):
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            size = tensor.numel() * tensor.element_size()
+            if self.largest is None or size > self.largest["bytes"]:
+                caller = sys._getframe(1)
+                self.largest = {"op": f"aten.{func._overloadpacket.__name__}", "shape": list(tensor.shape),
+                                "dtype": str(tensor.dtype).replace("torch.", ""), "bytes": size, "module": self.module_path(),
+                                "user_location": first_user_frame_from_stack(caller), "code_location": _code_location(caller)}
+            if self.stop_at and size >= self.stop_at:
+                raise _Found()
+        return out
+
+
+def _code_location(frame) -> dict | None:
+    """Innermost frame outside torch: the modelling or user line that called the op."""
+    depth = 0
+    while frame is not None and depth < 80:
+        filename = frame.f_code.co_filename.replace(os.sep, "/")
+        if "/torch/" not in filename and "/gpudoctor/trace/" not in filename and not filename.startswith("<"):
+            return frame_info(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+        frame = frame.f_back
+        depth += 1
+    return None
+
+
+def find_dominant_tensor(probe, snapshot, requested: int | None, total: int | None = None) -> dict | None:
+    """Re-run the innermost module (shape only, nothing allocated) to name the tensor the failed request was for.
+
+    Returned only when one tensor is at least 90% of the request and the request is a large share of the device
+    (a quarter or more): then that tensor, not the rest of the memory, is the problem.
+    """
+    if not requested or (total and requested < total / 4):
+        return None
+    from gpudoctor.trace.diagnose import rerun_frame
+
+    mode = LargestOutputMode(probe.current_path, int(requested * 0.9))
+    rerun_frame(probe, snapshot, len(snapshot.stack) - 1, mode, _Found, fake_fallback=True)
+    found = mode.largest
+    if found is None or found["bytes"] < requested * 0.9:
+        return None
+    return found
+
+
+def _input_dims(snapshot) -> tuple[int | None, int | None]:
+    """(batch, sequence length) of the outermost call: the first integer tensor with 2 dims (input_ids), else any."""
+    frame = snapshot.stack[0] if snapshot is not None and snapshot.stack else None
+    if frame is None:
+        return None, None
+    tensors = [v for v in list(frame.args) + list(frame.kwargs.values()) if isinstance(v, torch.Tensor) and v.dim() >= 2]
+    tensors.sort(key=lambda t: t.is_floating_point())
+    return (tensors[0].shape[0], tensors[0].shape[1]) if tensors else (None, None)
+
+
+def dominant_options(dominant: dict, snapshot) -> list[dict]:
+    """Options that shrink the dominant tensor itself, with savings computed from its shape."""
+    size, shape = dominant["bytes"], dominant["shape"]
+    batch, seq = _input_dims(snapshot)
+    seq_dims = [i for i, d in enumerate(shape) if seq and d == seq and seq > 1]
+    module = (dominant.get("module") or "").lower()
+    code = dominant.get("code_location") or {}
+    already_fused = any(k in f"{code.get('file', '')} {code.get('function', '')}".lower() for k in ("sdpa", "flash", "flex"))
+    attention = (len(seq_dims) >= 2 and seq_dims[-2:] == [len(shape) - 2, len(shape) - 1] and ("attn" in module or "attention" in module)
+                 and not already_fused)
+    shape_text = "×".join(map(str, shape))
+    options = []
+    if attention:
+        options.append({"id": "sdpa_attention", "title": "SDPA / FlashAttention instead of eager attention",
+                        "saving_bytes": size, "targets_dominant": True,
+                        "detail": f"`attn_implementation=\"sdpa\"` (or \"flash_attention_2\") never materialises the {shape_text} "
+                                  "attention scores"})
+    elif len(shape) >= 2:
+        axis = seq_dims[0] if seq_dims else max(range(1, len(shape)), key=lambda i: shape[i])
+        if shape[axis] >= 8:
+            options.append({"id": "chunking", "title": f"compute it in chunks along dim {axis} ({shape[axis]})",
+                            "saving_bytes": size - size // 8, "targets_dominant": True,
+                            "detail": f"loop over 8 slices of dim {axis} and reduce each (e.g. score span starts in blocks) instead of "
+                                      f"building the whole {shape_text} tensor at once"})
+    if seq_dims:
+        options.append({"id": "shorter_sequence", "title": "halve the sequence length",
+                        "saving_bytes": int(size * (1 - 0.5 ** len(seq_dims))), "targets_dominant": True,
+                        "detail": f"max_length {seq} -> {seq // 2} (truncate or split documents): the tensor has {len(seq_dims)} "
+                                  f"sequence dim(s), so it shrinks {2 ** len(seq_dims)}x"})
+    if batch and batch > 1 and shape and shape[0] == batch:
+        options.append({"id": "smaller_micro_batch", "title": "halve the micro-batch, double gradient accumulation",
+                        "saving_bytes": size // 2, "targets_dominant": True,
+                        "detail": f"batch {batch} -> {batch // 2} with `gradient_accumulation_steps*2`: same effective batch"})
+    return options
+
+
+def diagnose_oom(info: OomInfo, probe, phase: str, dominant: dict | None = None, snapshot=None) -> dict:
     per_device = breakdown(probe)
     device = f"{info.device_type}:{info.device_index}" if info.device_index is not None else info.device_type
     if info.device_type == "cuda" and not torch.cuda.is_available():
@@ -110,7 +224,8 @@ def diagnose_oom(info: OomInfo, probe, phase: str) -> dict:
         "classification": classes,
         "phase": phase,
         "memory_by_category": {device: row, **{d: r for d, r in per_device.items() if d != device}},
-        "options": oom_options(probe, row, phase),
+        "dominant_tensor": dominant,
+        "options": oom_options(probe, row, phase, info.requested, dominant_options(dominant, snapshot) if dominant else []),
     }
 
 
@@ -121,8 +236,19 @@ def _physical_ram() -> int | None:
         return None
 
 
-def oom_options(probe, row: dict, phase: str) -> list[dict]:
-    """Concrete options with savings estimated from the model in hand (not from a model name)."""
+def oom_options(probe, row: dict, phase: str, requested: int | None = None, first: list[dict] = ()) -> list[dict]:
+    """Concrete options with savings estimated from the model in hand (not from a model name), largest first; those
+    saving under 1% of the failed request are dropped (they cannot make it fit)."""
+    # with the failing tensor known, its own micro-batch option (from its shape) replaces the model-wide estimate
+    options = _model_options(probe, row, phase, skip={"smaller_micro_batch"} if first else set())
+    options = list(first) + options
+    if requested:
+        options = [o for o in options if o["saving_bytes"] >= 0.01 * requested]
+    options.sort(key=lambda o: -o["saving_bytes"])
+    return options
+
+
+def _model_options(probe, row: dict, phase: str, skip: set[str]) -> list[dict]:
     numbers = model_numbers(probe)
     if not numbers["params"]:
         return []
@@ -157,9 +283,10 @@ def oom_options(probe, row: dict, phase: str) -> list[dict]:
             options.append({"id": "gradient_checkpointing", "title": "gradient checkpointing",
                             "saving_bytes": int(activations * (1 - keep)),
                             "detail": "`model.gradient_checkpointing_enable()` and `model.train()`: keeps one layer's activations at a time (~30% slower)"})
-        options.append({"id": "smaller_micro_batch", "title": "halve the micro-batch, double gradient accumulation",
-                        "saving_bytes": activations // 2,
-                        "detail": "same effective batch: `per_device_train_batch_size/2`, `gradient_accumulation_steps*2`"})
+        if "smaller_micro_batch" not in skip:
+            options.append({"id": "smaller_micro_batch", "title": "halve the micro-batch, double gradient accumulation",
+                            "saving_bytes": activations // 2,
+                            "detail": "same effective batch: `per_device_train_batch_size/2`, `gradient_accumulation_steps*2`"})
     if n_devices > 1:
         options.append({"id": "device_map_sharding", "title": f"shard the weights over {n_devices} devices (device_map='auto')",
                         "saving_bytes": int(weights * (1 - 1 / n_devices)),

@@ -4,8 +4,35 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+from torch.utils.weak import WeakIdKeyDictionary
 
+from gpudoctor.trace.devicecheck import DeviceCheckMode, _named_tensor_args
 from gpudoctor.trace.frames import short_path
+
+# what a computed tensor is traced back to: data the user handed in (a product of the weights is the model's own)
+_SOURCES = ("module_input", "user_local")
+_WEIGHTS = ("parameter", "buffer", "attribute", "unregistered_parameter", "optimizer_state")
+
+
+class ProvenanceCheckMode(DeviceCheckMode):
+    """DeviceCheckMode for the diagnostic re-run that also remembers the tensor inputs of each op, so a tensor the
+    model computed (T5's ``decoder_input_ids`` from ``labels``) is followed back to what the user passed in."""
+
+    def __init__(self, module_path=lambda: None):
+        super().__init__(module_path)
+        self.inputs: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    def _record(self, func, args, kwargs, out) -> None:
+        outputs = [out] if isinstance(out, torch.Tensor) else [o for o in out if isinstance(o, torch.Tensor)] if isinstance(out, (list, tuple)) else []
+        if func._schema.is_mutable and outputs and all(o in self.origins for o in outputs):
+            return  # an in-place op (masked_fill_) keeps the tensor's first origin
+        super()._record(func, args, kwargs, out)
+        if func.is_view:
+            return
+        sources = [t for _, t in _named_tensor_args(func, args, kwargs)]
+        for tensor in outputs:
+            if tensor in self.origins:
+                self.inputs[tensor] = [t for t in sources if t is not tensor]
 
 
 class OriginIndex:
@@ -81,8 +108,22 @@ class OriginIndex:
         if self.device_mode is not None:
             made = self.device_mode.origins.get(tensor)
             if made is not None:
+                source = self._source(tensor, _depth) if made.get("kind") in ("computed", "moved") else None
+                if source is not None:
+                    return dict(source, via=made.get("op"), via_module=made.get("module"))
                 return dict(made)
         return {"kind": "unknown"}
+
+    def _source(self, tensor, depth: int) -> dict | None:
+        """What a computed tensor was made from: its inputs on the same device first (device follows data)."""
+        inputs = getattr(self.device_mode, "inputs", None)
+        if inputs is None or depth >= 8:
+            return None
+        candidates = sorted(inputs.get(tensor) or [], key=lambda t: t.device != tensor.device)
+        found = [self.origin(c, depth + 1) for c in candidates if not (c.device != tensor.device and c.dim() == 0)]
+        if any(f.get("kind") in _WEIGHTS for f in found):
+            return None  # hidden states, logits: computed with the weights, not a reshaped input
+        return next((f for f in found if f.get("kind") in _SOURCES), None)
 
 
 def _find_module(stack, module_id):
@@ -113,7 +154,10 @@ def describe(origin: dict) -> str:
     if kind == "optimizer_state":
         return f"optimizer state {origin['name']}{view}"
     if kind == "module_input":
-        return f"input `{origin['name']}` of {origin['module']}{view}"
+        via = f", turned into a new tensor by {origin['via']} inside the model" if origin.get("via") else ""
+        return f"input `{origin['name']}` of {origin['module']}{view}{via}"
+    if kind == "user_local":
+        return f"`{origin['name']}` in your code ({origin.get('function')}())"
     if kind == "created_in_forward":
         loc = origin.get("location")
         at = f" at {short_path(loc['file'])}:{loc['line']}" if loc else ""

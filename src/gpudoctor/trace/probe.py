@@ -371,8 +371,15 @@ class Probe:
                                 self.first_values[pid] = (weakref.ref(param), fingerprint)
                         if not param.requires_grad and pid not in self.frozen_with_grad:
                             self.frozen_with_grad[pid] = ""
+            self._observe_step(optimizer)
         except Exception as exc:
             self._record_error("optimizer step bookkeeping", exc)
+
+    def _observe_step(self, optimizer) -> None:
+        """Facts for silent problems, taken while the models are alive (a main() frees them before exit)."""
+        from gpudoctor.trace.findings import observe_step
+
+        observe_step(self, optimizer)
 
     def _step_post(self, optimizer, args, kwargs) -> None:
         self._step.optimizer = None

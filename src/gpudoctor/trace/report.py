@@ -206,6 +206,8 @@ def _render_failure(console, failure: dict, ranks: list[str]) -> None:
         for ev in cause.get("evidence", [])[:6]:
             verdict.add_row("", f"[dim]• {escape(ev)}[/]")
         verdict.add_row("[green]fix[/]", escape(cause["fix"]))
+        if cause.get("location"):
+            verdict.add_row("[green]here[/]", _location_text(cause["location"]))
         parts += ["", verdict]
     elif failure["kind"] not in ("oom", "other"):
         parts += ["", "[yellow]no known root cause matched; the tensors above show what met where[/]"]
@@ -253,6 +255,8 @@ def _render_finding(console, finding: dict, ranks: list[str]) -> None:
     if finding.get("items"):
         console.print(f"   [dim]{escape(', '.join(finding['items'][:8]))}{' …' if len(finding['items']) > 8 else ''}[/]")
     console.print(f"   [green]fix:[/] {escape(finding['fix'])}")
+    if finding.get("location"):
+        console.print(f"   [green]here:[/] {_location_text(finding['location'])}")
 
 
 def _render_summary(console, report: dict, multi: bool) -> None:
@@ -286,6 +290,13 @@ def _render_summary(console, report: dict, multi: bool) -> None:
         console.print(table)
         for note in memory.get("notes", []):
             console.print(f"  [dim]{escape(note)}[/]")
+
+
+def _location_text(location: dict) -> str:
+    from rich.markup import escape
+
+    code = f"  [cyan]{escape(location['code'])}[/]" if location.get("code") else ""
+    return f"{escape(short_path(location['file']))}:{location['line']}{code}"
 
 
 def _shorten(text: str, limit: int) -> str:
