@@ -1,0 +1,89 @@
+"""``cuda`` as the script says it, ``gpu`` (PrivateUse1) as the simulation runs it, and back.
+
+Fake tensors on real ``cuda`` devices abort a CPU build of torch, so every ``"cuda"``, ``"cuda:N"``,
+``torch.device("cuda", N)`` and bare device index the script passes is rewritten to ``gpu:N`` on the way
+in (:class:`DeviceTranslation`), and :func:`to_user` turns ``gpu`` back into ``cuda`` in what the user sees.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+BACKEND = "gpu"
+_CUDA_RE = re.compile(r"^cuda(?::(\d+))?$")
+_GPU_TEXT_RE = re.compile(r"\bgpu(:\d+)?\b")
+_DEVICE_REPR_RE = re.compile(r"device\(type='gpu'")
+
+
+class State:
+    current = 0  # torch.cuda.set_device
+
+
+def translate(device):
+    """A device argument as the script wrote it -> the same on the virtual backend (others unchanged)."""
+    if isinstance(device, str):
+        match = _CUDA_RE.match(device.strip())
+        if match:
+            return f"{BACKEND}:{match.group(1) if match.group(1) is not None else State.current}"
+        return device
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return torch.device(BACKEND, device.index if device.index is not None else State.current)
+    return device
+
+
+def index_of(device) -> int:
+    """``torch.cuda.*(device)`` argument -> index."""
+    if device is None:
+        return State.current
+    if isinstance(device, int):
+        return device
+    device = torch.device(translate(device)) if isinstance(device, str) else device
+    return device.index if device.index is not None else State.current
+
+
+def to_user(text: str) -> str:
+    """``gpu:1`` -> ``cuda:1`` in a message the user will read."""
+    text = _DEVICE_REPR_RE.sub("device(type='cuda'", text)
+    return _GPU_TEXT_RE.sub(lambda m: "cuda" + (m.group(1) or ""), text)
+
+
+def _map_args(args):
+    return tuple(translate(a) for a in args)
+
+
+_TO_LIKE = {torch.Tensor.to, torch.Tensor.new_empty, torch.Tensor.new_zeros, torch.Tensor.new_ones,
+            torch.Tensor.new_full, torch.Tensor.new_tensor}
+
+
+class DeviceTranslation(TorchFunctionMode):
+    """Rewrites device arguments of every torch call; ``Tensor.cuda()`` becomes ``.to(gpu:N)``."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if "device" in kwargs:
+            device = kwargs["device"]
+            kwargs = dict(kwargs, device=f"{BACKEND}:{device}" if isinstance(device, int) and not isinstance(device, bool) else translate(device))
+        if func is torch.Tensor.cuda:
+            tensor, device = args[0], (args[1] if len(args) > 1 else kwargs.pop("device", None))
+            kwargs.pop("device", None)
+            return tensor.to(f"{BACKEND}:{index_of(device)}", **kwargs)
+        if func is torch.Tensor.pin_memory or func is torch.Tensor.record_stream:
+            return args[0] if func is torch.Tensor.pin_memory else None
+        if func in _TO_LIKE and len(args) > 1 and isinstance(args[1], int) and not isinstance(args[1], bool) and func is torch.Tensor.to:
+            args = (args[0], f"{BACKEND}:{args[1]}", *args[2:])
+        else:
+            args = _map_args(args)
+        if func in (torch.tensor, torch.as_tensor, torch.asarray) and _is_virtual(kwargs.get("device")):
+            # fake mode does not intercept data -> gpu tensors: build on cpu, then move
+            device = kwargs.pop("device")
+            return func(*args, **kwargs).to(device)
+        return func(*args, **kwargs)
+
+
+def _is_virtual(device) -> bool:
+    if device is None:
+        return False
+    return torch.device(device).type == BACKEND
