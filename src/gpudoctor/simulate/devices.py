@@ -20,6 +20,43 @@ _DEVICE_REPR_RE = re.compile(r"device\(type='gpu'")
 
 class State:
     current = 0  # torch.cuda.set_device
+    autocast: list = []  # stack of (enabled, dtype, cast cache) for torch.autocast("cuda")
+
+
+import torch.nn.functional as F  # noqa: E402
+
+# torch's autocast lists (aten/src/ATen/autocast_mode.cpp) for the ops training scripts hit: torch has no
+# autocast kernels for a Python PrivateUse1 backend, so the casts are made here, above autograd, where
+# real autocast makes them too (the low-precision copies are what backward saves).
+_LOWER = {F.linear, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.addbmm, torch.Tensor.__matmul__,
+          torch.Tensor.matmul, torch.Tensor.mm, torch.Tensor.bmm, F.conv1d, F.conv2d, F.conv3d, F.scaled_dot_product_attention,
+          torch.einsum, F.multi_head_attention_forward}
+_FP32 = {F.softmax, F.log_softmax, F.cross_entropy, F.nll_loss, F.layer_norm, F.group_norm, F.mse_loss, F.l1_loss,
+         F.binary_cross_entropy_with_logits, torch.Tensor.softmax, torch.Tensor.log_softmax, torch.softmax, torch.log_softmax,
+         torch.exp, torch.log, torch.pow, torch.Tensor.pow, torch.rsqrt, torch.cumsum, torch.sum, torch.prod, torch.norm}
+
+
+def _autocast_args(func, args, kwargs):
+    enabled, dtype, cache = State.autocast[-1]
+    if not enabled:
+        return args, kwargs
+    target = dtype if func in _LOWER else torch.float32 if func in _FP32 else None
+    if target is None:
+        return args, kwargs
+
+    def cast(value):
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != target and value.dtype != torch.float64:
+            if target != torch.float32 and value.is_leaf and value.requires_grad:  # autocast caches weight casts
+                key = (id(value), target)
+                if key not in cache:
+                    cache[key] = value.to(target)
+                return cache[key]
+            return value.to(target)
+        if isinstance(value, (list, tuple)) and func is torch.einsum:
+            return type(value)(cast(v) for v in value)
+        return value
+
+    return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
 
 
 def translate(device):
@@ -76,11 +113,26 @@ class DeviceTranslation(TorchFunctionMode):
             args = (args[0], f"{BACKEND}:{args[1]}", *args[2:])
         else:
             args = _map_args(args)
+        if State.autocast:
+            args, kwargs = _autocast_args(func, args, kwargs)
         if func in (torch.tensor, torch.as_tensor, torch.asarray) and _is_virtual(kwargs.get("device")):
             # fake mode does not intercept data -> gpu tensors: build on cpu, then move
             device = kwargs.pop("device")
             return func(*args, **kwargs).to(device)
         return func(*args, **kwargs)
+
+
+class Autocast:
+    """``torch.autocast("cuda")`` in a simulation (entered by the patched ``torch.autocast``)."""
+
+    @staticmethod
+    def enter(enabled: bool, dtype) -> None:
+        State.autocast.append((enabled, dtype or torch.float16, {}))
+
+    @staticmethod
+    def exit() -> None:
+        if State.autocast:
+            State.autocast.pop()
 
 
 def _is_virtual(device) -> bool:

@@ -183,12 +183,31 @@ class Simulation:
 
         self._set(nn.Module, "to", module_to)
         self._set(nn.Module, "cuda", module_cuda)
-        autocast_init = torch.amp.autocast_mode.autocast.__init__
+        autocast_cls = torch.amp.autocast_mode.autocast
+        autocast_init, autocast_enter, autocast_exit = autocast_cls.__init__, autocast_cls.__enter__, autocast_cls.__exit__
 
-        def autocast_init_translated(ac, device_type, *args, **kwargs):
-            autocast_init(ac, devices.BACKEND if device_type == "cuda" else device_type, *args, **kwargs)
+        def autocast_init_translated(ac, device_type, dtype=None, enabled=True, cache_enabled=None):
+            if device_type in ("cuda", devices.BACKEND):
+                ac.device, ac.fast_dtype, ac._enabled, ac._simulated = devices.BACKEND, dtype or torch.float16, enabled, True
+                ac._cache_enabled = cache_enabled
+                return
+            autocast_init(ac, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
-        self._set(torch.amp.autocast_mode.autocast, "__init__", autocast_init_translated)
+        def autocast_enter_translated(ac):
+            if getattr(ac, "_simulated", False):
+                devices.Autocast.enter(ac._enabled, ac.fast_dtype)
+                return ac
+            return autocast_enter(ac)
+
+        def autocast_exit_translated(ac, *exc):
+            if getattr(ac, "_simulated", False):
+                devices.Autocast.exit()
+                return False
+            return autocast_exit(ac, *exc)
+
+        self._set(autocast_cls, "__init__", autocast_init_translated)
+        self._set(autocast_cls, "__enter__", autocast_enter_translated)
+        self._set(autocast_cls, "__exit__", autocast_exit_translated)
         scaler_init = torch.amp.grad_scaler.GradScaler.__init__
 
         def scaler_init_translated(scaler, device="cuda", *args, **kwargs):

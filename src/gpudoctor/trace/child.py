@@ -35,6 +35,10 @@ def start() -> None:
 
     sys.excepthook = excepthook
     atexit.register(_write, None)
+    if os.environ.get("GPUDOCTOR_SIMULATE"):  # `trace --simulate`: the one entry point of gpudoctor.simulate
+        from gpudoctor.simulate import boot
+
+        boot.start()
 
 
 def _write(exc) -> None:

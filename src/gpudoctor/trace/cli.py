@@ -20,11 +20,15 @@ options:
   --deep        check devices on every aten op (catches meta/CPU mixes CPU kernels accept; slower)
   --quiet       no terminal report (use with --json)
   --no-check    skip the static check (`gpudoctor check`) of the traced script(s) that closes the report
+  --simulate SPEC  run on simulated GPUs (2xT4, 6x3070Ti, 1xA100-80GB, 4090, 2x16GB): fake tensors, no data,
+                the memory of the named cards (gpudoctor/simulate)
+  --steps N     with --simulate: stop cleanly after N optimizer steps (default 2; 0 = run to the end)
+  --list-gpus   print the cards --simulate knows
 """
 
 
 def parse(argv: list[str]) -> tuple[dict, list[str]] | None:
-    opts = {"json": None, "deep": False, "quiet": False, "check": True}
+    opts = {"json": None, "deep": False, "quiet": False, "check": True, "simulate": None, "steps": None, "list_gpus": False}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -36,7 +40,16 @@ def parse(argv: list[str]) -> tuple[dict, list[str]] | None:
             opts["json"] = argv[i + 1]
             i += 2
             continue
-        if arg.startswith("--json="):
+        if arg in ("--simulate", "--steps") or arg.startswith(("--simulate=", "--steps=")):
+            key = arg[2:].split("=", 1)[0]
+            if "=" not in arg and i + 1 >= len(argv):
+                raise SystemExit(f"gpudoctor trace: {arg} needs a value")
+            opts[key] = arg.split("=", 1)[1] if "=" in arg else argv[i + 1]
+            i += 1 if "=" in arg else 2
+            continue
+        if arg == "--list-gpus":
+            opts["list_gpus"] = True
+        elif arg.startswith("--json="):
             opts["json"] = arg.split("=", 1)[1]
         elif arg == "--deep":
             opts["deep"] = True
@@ -59,6 +72,11 @@ def parse(argv: list[str]) -> tuple[dict, list[str]] | None:
 
 
 def main(argv: list[str]) -> int:
+    if "--list-gpus" in argv:
+        from gpudoctor.simulate.cards import format_table
+
+        sys.stdout.write(format_table() + "\n")
+        return 0
     parsed = parse(list(argv))
     if parsed is None or not parsed[1]:
         sys.stdout.write(USAGE)
@@ -67,11 +85,22 @@ def main(argv: list[str]) -> int:
     if command[0] == sys.executable and len(command) > 1 and command[1] != "-m" and not os.path.exists(command[1]):
         sys.stderr.write(f"gpudoctor trace: no such script: {command[1]}\n")
         return 2
+    if opts["simulate"]:
+        from gpudoctor.simulate.cli import prepare
+
+        error = prepare(opts["simulate"], opts["steps"])
+        if error:
+            sys.stderr.write(error + "\n")
+            return 2
     from gpudoctor.trace.launch import run_traced
     from gpudoctor.trace.report import merge, render, write_json
 
     code, reports = run_traced(command, deep=opts["deep"])
     merged = merge(reports, command=command, exit_code=code)
+    if opts["simulate"]:
+        from gpudoctor.simulate.cli import finish
+
+        merged = finish(merged)
     try:
         if opts["check"]:
             merged["static"] = static_check(command)
@@ -79,6 +108,10 @@ def main(argv: list[str]) -> int:
             write_json(merged, opts["json"])
         if not opts["quiet"]:
             render(merged)
+            if opts["simulate"]:
+                from gpudoctor.simulate.cli import render_simulation
+
+                render_simulation(merged)
     except Exception as exc:  # the program's exit code matters more than our rendering
         sys.stderr.write(f"gpudoctor: could not render the report: {type(exc).__name__}: {exc}\n")
     return code

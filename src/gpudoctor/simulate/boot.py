@@ -1,0 +1,71 @@
+"""The one entry point of a simulated run inside the traced process.
+
+``gpudoctor trace --simulate SPEC`` sets ``GPUDOCTOR_SIMULATE=SPEC`` (and ``GPUDOCTOR_SIMULATE_STEPS``);
+the child's boot calls :func:`start` once torch can be imported. It enters a :class:`Simulation` for the
+rest of the process, makes ``from_pretrained`` build fake weights without downloads
+(:mod:`gpudoctor.simulate.hub`), translates ``gpu`` back to ``cuda`` in the error the user sees, and turns a
+value the simulation cannot provide into a clear explanation instead of a gpudoctor traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+ENV_SPEC = "GPUDOCTOR_SIMULATE"
+ENV_STEPS = "GPUDOCTOR_SIMULATE_STEPS"
+DEFAULT_STEPS = 2
+
+_state: dict = {"sim": None}
+
+
+def requested() -> bool:
+    return bool(os.environ.get(ENV_SPEC))
+
+
+def start() -> None:
+    if _state["sim"] is not None or not requested():
+        return
+    from gpudoctor.simulate import hub
+    from gpudoctor.simulate.session import Simulation
+
+    steps = int(os.environ.get(ENV_STEPS) or DEFAULT_STEPS)
+    sim = Simulation(os.environ[ENV_SPEC], max_steps=steps if steps > 0 else None)
+    sim.__enter__()
+    hub.install(sim)
+    _state["sim"] = sim
+    previous_hook = sys.excepthook
+
+    def excepthook(exc_type, exc, tb):
+        from gpudoctor.simulate.devices import to_user
+        from gpudoctor.simulate.tracker import DataDependent
+
+        if isinstance(exc, DataDependent):
+            _explain_data_dependent(exc, tb)
+        try:
+            exc.args = tuple(to_user(a) if isinstance(a, str) else a for a in exc.args)
+        except Exception:
+            pass
+        previous_hook(exc_type, exc, tb)
+
+    sys.excepthook = excepthook
+
+
+def _explain_data_dependent(exc, tb) -> None:
+    from gpudoctor.trace.frames import first_user_frame_from_traceback
+
+    frame = first_user_frame_from_traceback(tb)
+    where = f"{frame['file']}:{frame['line']} ({frame['code']})" if frame else "the script"
+    exc.args = (f"gpudoctor --simulate stopped at {where}: {exc.args[0] if exc.args else exc}. Simulated tensors have "
+                "shapes, dtypes and devices but no values, and this line needs values to go on (the memory figures up "
+                "to here are still valid). Bound the run with --steps so it stops before, or run it on a real GPU.",)
+
+
+def active():
+    return _state["sim"]
+
+
+def report_section() -> dict | None:
+    """The simulation's summary for this process's report (``simulation`` key)."""
+    sim = _state["sim"]
+    return sim.summary() if sim is not None else None
