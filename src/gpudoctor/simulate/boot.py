@@ -29,6 +29,8 @@ def start() -> None:
     from gpudoctor.simulate import hub
     from gpudoctor.simulate.session import Simulation
 
+    # offline by design: no download, and no minute of retries against an unreachable Hub
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     steps = int(os.environ.get(ENV_STEPS) or DEFAULT_STEPS)
     sim = Simulation(os.environ[ENV_SPEC], max_steps=steps if steps > 0 else None)
     sim.__enter__()

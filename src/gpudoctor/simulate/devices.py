@@ -118,7 +118,15 @@ class DeviceTranslation(TorchFunctionMode):
         if func in (torch.tensor, torch.as_tensor, torch.asarray) and _is_virtual(kwargs.get("device")):
             # fake mode does not intercept data -> gpu tensors: build on cpu, then move
             device = kwargs.pop("device")
-            return func(*args, **kwargs).to(device)
+            return _move_constant(func(*args, **kwargs), device)
+        if func is torch.Tensor.to and getattr(args[0], "constant", None) is not None:
+            # fake mode runs ops on a constant (a tensor made from Python numbers) for real; a real
+            # tensor cannot go to the virtual backend, so the copy is made without the constant
+            constant, args[0].constant = args[0].constant, None
+            try:
+                return func(*args, **kwargs)
+            finally:
+                args[0].constant = constant
         return func(*args, **kwargs)
 
 
@@ -133,6 +141,17 @@ class Autocast:
     def exit() -> None:
         if State.autocast:
             State.autocast.pop()
+
+
+def _move_constant(tensor, device):
+    constant = getattr(tensor, "constant", None)
+    if constant is None:
+        return tensor.to(device)
+    tensor.constant = None
+    try:
+        return tensor.to(device)
+    finally:
+        tensor.constant = constant
 
 
 def _is_virtual(device) -> bool:

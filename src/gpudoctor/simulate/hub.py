@@ -203,6 +203,11 @@ def install(sim) -> None:
             return stand_in_tokenizer()
 
     sim._set(PreTrainedModel, "from_pretrained", classmethod(model_from_pretrained))
+    from transformers.models.auto import modeling_auto
+
+    for value in vars(modeling_auto).values():  # each Auto class carries its own copy of from_pretrained
+        if isinstance(value, type) and issubclass(value, _BaseAutoModelClass) and "from_pretrained" in vars(value):
+            sim._set(value, "from_pretrained", classmethod(auto_from_pretrained))
     sim._set(_BaseAutoModelClass, "from_pretrained", classmethod(auto_from_pretrained))
     sim._set(AutoTokenizer, "from_pretrained", classmethod(tokenizer_from_pretrained))
 

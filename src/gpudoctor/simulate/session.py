@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import types
+import warnings
 import weakref
 
 import torch
@@ -131,6 +132,9 @@ class Simulation:
                        register_optimizer_step_pre_hook(self._step_pre), register_optimizer_step_post_hook(self._step_post)):
             self._stack.callback(handle.remove)
         self._patch_torch()
+        warnings_ctx = warnings.catch_warnings()
+        self._stack.enter_context(warnings_ctx)
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")  # accelerate's tie checks
         # real CUDA params take the foreach optimizer path (its temporaries count); fake params must too
         from torch._subclasses.fake_tensor import FakeTensor
         from torch.optim import optimizer as optimizer_module
