@@ -75,8 +75,11 @@ class Segment:
     blocks: list = field(default_factory=list)  # ordered by offset
 
 
-class SimulatedOutOfMemory(torch.OutOfMemoryError):
-    """What a real ``torch.OutOfMemoryError`` would say; ``device_index`` names the failing card."""
+def SimulatedOutOfMemory(message: str) -> torch.OutOfMemoryError:
+    """A plain ``torch.OutOfMemoryError`` (the user's traceback reads as on a real card), marked ``simulated``."""
+    error = torch.OutOfMemoryError(message)
+    error.simulated = True
+    return error
 
 
 @dataclass

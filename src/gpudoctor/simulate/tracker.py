@@ -114,6 +114,16 @@ class AllocationTracker(TorchDispatchMode):
             inverse = torch.empty(x.shape, dtype=torch.long, device=x.device)
             counts = torch.empty((x.numel(),), dtype=torch.long, device=x.device)
             return (values, inverse, counts) if name != "_unique" else (values, inverse)
+        if name in ("index", "index_put", "index_put_", "_index_put_impl_") and len(args) > 1:
+            # boolean-mask indexing: every element selected, i.e. the same as full-length integer indices
+            self.stand_ins["nonzero / boolean mask (every element selected)"] += 1
+            indices = []
+            for idx in args[1]:
+                if idx is not None and idx.dtype in (torch.bool, torch.uint8):
+                    indices.extend(torch.zeros((idx.numel(),), dtype=torch.long, device=idx.device) for _ in range(idx.dim()))
+                else:
+                    indices.append(idx)
+            return func(x, indices, *args[2:], **kwargs)
         raise DataDependent(f"{name} needs the tensor's values, which a simulated run does not have")
 
 
