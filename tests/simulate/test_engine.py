@@ -98,3 +98,12 @@ def test_max_steps_stops_cleanly():
                 model(torch.randn(2, 8, device="cuda")).sum().backward()
                 opt.step()
         assert sim.optimizer_steps == 2 and sim.stopped
+
+
+def test_oom_in_backward_is_raised_by_backward():
+    with Simulation("1x1GB") as sim:
+        model = nn.Sequential(*[nn.Linear(4096, 4096) for _ in range(5)]).cuda()  # 320 MiB of fp32 weights
+        loss = model(torch.randn(64, 4096, device="cuda")).sum()
+        with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate 64.00 MiB"):
+            loss.backward()  # the gradients (another 320 MiB) do not fit in the ~540 MiB usable
+        assert sim.summary()["devices"][0]["phase_peaks"]["backward"]["allocated"] > 320 * MiB

@@ -145,6 +145,7 @@ def build(model_cls, name, sim, *, auto: bool, **kwargs):
 
     with no_init_weights():
         model = model_cls._from_config(config, dtype=dtype)
+    model.tie_weights()  # from_pretrained ties embeddings after loading; _from_config under no_init_weights does not
     model.eval()
     model.name_or_path = str(name)
     sim.weights_source.append(f"{source}; {dtype}".replace("torch.", ""))

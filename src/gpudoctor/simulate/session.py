@@ -185,6 +185,23 @@ class Simulation:
         def module_cuda(module, device=None):
             return original_to(module, f"{devices.BACKEND}:{devices.index_of(device)}")
 
+        torch_backward = torch.autograd.backward
+
+        def backward(*args, **kwargs):
+            tracker = self.tracker
+            tracker.in_backward += 1
+            self.phase = "backward"
+            try:
+                torch_backward(*args, **kwargs)
+            finally:
+                tracker.in_backward -= 1
+                if not tracker.in_backward:
+                    self.phase = "between_steps"
+            if not tracker.in_backward and tracker.pending_oom is not None:
+                error, tracker.pending_oom = tracker.pending_oom, None
+                raise error
+
+        self._set(torch.autograd, "backward", backward)
         self._set(nn.Module, "to", module_to)
         self._set(nn.Module, "cuda", module_cuda)
         autocast_cls = torch.amp.autocast_mode.autocast

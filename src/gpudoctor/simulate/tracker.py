@@ -43,6 +43,11 @@ class AllocationTracker(TorchDispatchMode):
         self.phase_of = phase_of  # () -> (phase, default category)
         self.blocks: dict[int, object] = {}  # storage cdata -> (device index, Block)
         self.stand_ins: Counter = Counter()
+        # An exception raised inside the autograd engine on the virtual backend aborts the process (C++
+        # terminate, torch 2.13): an OOM during backward is held here and raised when backward returns,
+        # which is also the line a real backward OOM points at in the user's code.
+        self.in_backward = 0
+        self.pending_oom: BaseException | None = None
 
     # -- storages -----------------------------------------------------------------------------
     def track(self, tensor: torch.Tensor, category: str | None = None) -> None:
@@ -56,7 +61,15 @@ class AllocationTracker(TorchDispatchMode):
         phase, default = self.phase_of()
         index = device.index or 0
         allocator = self.allocators[index]
-        block = allocator.malloc(storage.nbytes(), category or default, phase)
+        if self.pending_oom is not None:
+            return  # this backward already failed; the rest of it is not counted
+        try:
+            block = allocator.malloc(storage.nbytes(), category or default, phase)
+        except torch.OutOfMemoryError as exc:
+            if not self.in_backward:
+                raise
+            self.pending_oom = exc
+            return
         self.blocks[key] = (index, block)
         weakref.finalize(storage, self._free, key, index, block)
 
