@@ -40,10 +40,15 @@ def start() -> None:
 
     def excepthook(exc_type, exc, tb):
         from gpudoctor.simulate.devices import to_user
+        from gpudoctor.simulate.hub import NotSimulable
         from gpudoctor.simulate.tracker import DataDependent
 
         if isinstance(exc, DataDependent):
             _explain_data_dependent(exc, tb)
+        if isinstance(exc, (DataDependent, NotSimulable)):
+            # what stopped the simulation, said once, at the user's line: no gpudoctor frames
+            tb = _user_frames_only(tb)
+            exc.__traceback__ = tb
         try:
             exc.args = tuple(to_user(a) if isinstance(a, str) else a for a in exc.args)
         except Exception:
@@ -61,6 +66,22 @@ def _explain_data_dependent(exc, tb) -> None:
     exc.args = (f"gpudoctor --simulate stopped at {where}: {exc.args[0] if exc.args else exc}. Simulated tensors have "
                 "shapes, dtypes and devices but no values, and this line needs values to go on (the memory figures up "
                 "to here are still valid). Bound the run with --steps so it stops before, or run it on a real GPU.",)
+
+
+def _user_frames_only(tb):
+    from gpudoctor.trace.frames import is_user_file
+
+    frames = []
+    while tb is not None:
+        if is_user_file(tb.tb_frame.f_code.co_filename):
+            frames.append(tb)
+        tb = tb.tb_next
+    if not frames:
+        return None
+    for earlier, later in zip(frames, frames[1:]):
+        earlier.tb_next = later
+    frames[-1].tb_next = None
+    return frames[0]
 
 
 def active():

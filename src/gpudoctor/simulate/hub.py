@@ -154,7 +154,7 @@ def build(model_cls, name, sim, *, auto: bool, **kwargs):
     return model
 
 
-def place(model, device_map, max_memory, dtype) -> None:
+def place(model, device_map, max_memory, dtype, no_split=None) -> None:
     from accelerate import dispatch_model
     from accelerate.utils import get_balanced_memory, infer_auto_device_map
 
@@ -164,7 +164,7 @@ def place(model, device_map, max_memory, dtype) -> None:
     if isinstance(device_map, (int, str, torch.device)) and device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
         device_map = {"": device_map}
     if isinstance(device_map, str):
-        no_split = list(getattr(model, "_no_split_modules", None) or [])
+        no_split = list(no_split or getattr(model, "_no_split_modules", None) or [])
         if device_map != "sequential":
             max_memory = get_balanced_memory(model, max_memory=max_memory, no_split_module_classes=no_split, dtype=dtype,
                                              low_zero=device_map == "balanced_low_0")
@@ -203,6 +203,34 @@ def install(sim) -> None:
                              "(one token per byte, so unpadded sequences are longer than with the real tokenizer)")
             return stand_in_tokenizer()
 
+    import huggingface_hub
+
+    original_snapshot = huggingface_hub.snapshot_download
+
+    def snapshot_download(repo_id, *args, **kwargs):
+        try:
+            return original_snapshot(repo_id, *args, **{**kwargs, "local_files_only": True})
+        except Exception:
+            pass  # not cached: fall through, outside the handler, so the user sees one clear error
+        return bundled_snapshot(repo_id, sim)
+
+    def load_checkpoint_and_dispatch(model, checkpoint, device_map=None, max_memory=None, no_split_module_classes=None,
+                                     dtype=None, **kwargs):
+        sim.weights_source.append(f"load_checkpoint_and_dispatch({checkpoint}): placed by device_map, no tensor data read")
+        if dtype is not None:
+            model.to(dtype)
+        if device_map is not None:
+            place(model, device_map, max_memory, dtype or next(model.parameters()).dtype, no_split_module_classes)
+        return model
+
+    sim._set(huggingface_hub, "snapshot_download", snapshot_download)
+    try:
+        import accelerate
+
+        sim._set(accelerate, "load_checkpoint_and_dispatch", load_checkpoint_and_dispatch)
+        sim._set(accelerate.big_modeling, "load_checkpoint_and_dispatch", load_checkpoint_and_dispatch)
+    except ImportError:
+        pass
     sim._set(PreTrainedModel, "from_pretrained", classmethod(model_from_pretrained))
     from transformers.models.auto import modeling_auto
 
@@ -211,6 +239,20 @@ def install(sim) -> None:
             sim._set(value, "from_pretrained", classmethod(auto_from_pretrained))
     sim._set(_BaseAutoModelClass, "from_pretrained", classmethod(auto_from_pretrained))
     sim._set(AutoTokenizer, "from_pretrained", classmethod(tokenizer_from_pretrained))
+
+
+def bundled_snapshot(repo_id: str, sim) -> str:
+    """``snapshot_download`` of a repo neither local nor cached: a folder holding only its bundled config.json."""
+    import tempfile
+
+    if bundled_config(repo_id) is None:
+        resolve_config(repo_id, sim)  # raises NotSimulable with the reason
+    data, source = bundled_config(repo_id)
+    folder = tempfile.mkdtemp(prefix="gpudoctor-simulated-snapshot-")
+    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as fh:
+        json.dump(data, fh)
+    sim.notes.append(f"snapshot_download({repo_id}) returned a folder with the bundled config.json only ({source})")
+    return folder
 
 
 def stand_in_tokenizer():
