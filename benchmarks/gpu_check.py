@@ -130,10 +130,63 @@ SCENARIOS = {
 }
 
 
+# --simulate accuracy: the same training step measured on this GPU and simulated on the CPU
+# (gpudoctor.simulate.simulate_step); prints peak allocated for both and the gap in %.
+TRAINING_STEPS = {
+    "llama_fp32_full": dict(hidden=1024, layers=8, batch=4, seq=512, dtype="float32", lora=None),
+    "llama_bf16_lora": dict(hidden=2048, layers=8, batch=4, seq=1024, dtype="bfloat16", lora={"r": 16, "lora_alpha": 32}),
+    "llama_fp32_amp": dict(hidden=1024, layers=8, batch=8, seq=512, dtype="float32", lora=None, autocast="float16"),
+}
+
+STEP_CODE = textwrap.dedent("""
+    import json, sys, torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    spec = json.loads(sys.argv[1])
+    def factory():
+        config = LlamaConfig(hidden_size=spec["hidden"], intermediate_size=spec["hidden"] * 8 // 3, num_hidden_layers=spec["layers"],
+                             num_attention_heads=spec["hidden"] // 64, num_key_value_heads=spec["hidden"] // 64, vocab_size=32000)
+        return LlamaForCausalLM(config).to(getattr(torch, spec["dtype"]))
+    if sys.argv[2] == "measure":
+        from peft import LoraConfig, get_peft_model
+        net = factory()
+        if spec["lora"]:
+            net = get_peft_model(net, LoraConfig(task_type="CAUSAL_LM", **spec["lora"]))
+        net.cuda().train()
+        opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-4)
+        for _ in range(2):
+            ids = torch.randint(0, 32000, (spec["batch"], spec["seq"]), device="cuda")
+            with torch.autocast("cuda", dtype=getattr(torch, spec.get("autocast") or "float16"), enabled=bool(spec.get("autocast"))):
+                loss = net(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids).loss
+            loss.backward(); opt.step(); opt.zero_grad(set_to_none=True); del loss
+        print("PEAK", torch.cuda.max_memory_allocated())
+    else:
+        from gpudoctor.simulate import simulate_step
+        r = simulate_step(factory, "1xH200", batch=spec["batch"], seq=spec["seq"], lora=spec["lora"], autocast=spec.get("autocast"))
+        print("PEAK", r["devices"][0]["peak_allocated"])
+""")
+
+
+def compare_simulated() -> None:
+    print("\n" + "=" * 100 + "\nsimulated (gpudoctor trace --simulate engine, on CPU) vs measured (this GPU) peak allocated")
+    for name, spec in TRAINING_STEPS.items():
+        peaks = {}
+        for how in ("measure", "simulate"):
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES="" if how == "simulate" else os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
+            proc = subprocess.run([sys.executable, "-c", STEP_CODE, json.dumps(spec), how], capture_output=True, text=True, timeout=300, env=env)
+            lines = [line for line in proc.stdout.splitlines() if line.startswith("PEAK")]
+            peaks[how] = int(lines[-1].split()[1]) if lines else None
+            if not lines:
+                print(f"{name} {how} failed: {proc.stderr[-800:]}")
+        if peaks["measure"] and peaks["simulate"]:
+            gap = (peaks["simulate"] - peaks["measure"]) / peaks["measure"] * 100
+            print(f"{name:20} measured {peaks['measure'] / 2**30:7.2f} GiB  simulated {peaks['simulate'] / 2**30:7.2f} GiB  gap {gap:+.1f}%")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="gpudoctor trace scenarios on real CUDA")
     parser.add_argument("--json", help="write every scenario's report here")
     parser.add_argument("--only", nargs="*", help="scenario names")
+    parser.add_argument("--no-simulate", action="store_true", help="skip the simulated-versus-measured comparison")
     args = parser.parse_args(argv)
     import torch
 
@@ -163,6 +216,8 @@ def main(argv=None) -> int:
             else:
                 print(line)
         print(f"[{time.time() - start:.1f} s]")
+    if not args.no_simulate and not args.only:
+        compare_simulated()
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2, default=str)

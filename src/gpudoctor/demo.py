@@ -2,7 +2,8 @@
 
 1. ``check`` on the reconstructed field-report scripts (``fixtures/seeds``) and their fixed twins;
 2. ``trace`` of a bundled script that fails with a device mismatch on two virtual GPUs;
-3. a short run of the reference LoRA trainer on the tiny built-in model.
+3. a short run of the reference LoRA trainer on the tiny built-in model;
+4. ``trace --simulate``: field report 003's script, unchanged, on six simulated 8 GB cards.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def runtime_problem(part: str, missing: list[str]) -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="gpudoctor demo", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30, help="reference trainer optimizer steps (default 30)")
-    parser.add_argument("--skip", choices=("check", "trace", "train"), action="append", default=[], help="skip a part")
+    parser.add_argument("--skip", choices=("check", "trace", "train", "simulate"), action="append", default=[], help="skip a part")
     args = parser.parse_args(argv)
     console = Console(highlight=False, soft_wrap=True)
     started = time.perf_counter()
@@ -58,6 +59,10 @@ def main(argv: list[str]) -> int:
         problems += demo_trace(console)
     if "train" not in args.skip:
         problems += demo_train(console, args.steps)
+    if "simulate" not in args.skip:
+        from gpudoctor.simulate.demo import demo_simulate
+
+        problems += demo_simulate(console)
     console.print(Rule())
     elapsed = time.perf_counter() - started
     if problems:

@@ -26,6 +26,10 @@ _original_os_exit = os._exit
 
 def start() -> None:
     _state["pid"] = os.getpid()
+    if os.environ.get("GPUDOCTOR_SIMULATE"):  # `trace --simulate`: the one entry point of gpudoctor.simulate (imports torch)
+        from gpudoctor.simulate import boot
+
+        boot.start()
     if "torch" in sys.modules:  # imported by an earlier sitecustomize or a .pth file
         _torch_imported()
     else:

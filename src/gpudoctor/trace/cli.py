@@ -20,12 +20,16 @@ options:
   --deep        check devices on every aten op (also reports meta/CPU mixes CPU kernels accept; slower)
   --quiet       no terminal report (use with --json)
   --no-check    skip the static check (`gpudoctor check`) of the traced script(s) that closes the report
+  --simulate SPEC  run on simulated GPUs (2xT4, 6x3070Ti, 1xA100-80GB, 4090, 2x16GB): fake tensors, no data,
+                the memory of the named cards (gpudoctor/simulate)
+  --steps N     with --simulate: stop cleanly after N optimizer steps (default 2; 0 = run to the end)
+  --list-gpus   print the cards --simulate knows
 """
 
 
 # flag -> (option key, value); options that take a value: flag -> option key. Add new options here.
 FLAGS = {"--deep": ("deep", True), "--quiet": ("quiet", True), "-q": ("quiet", True), "--no-check": ("check", False)}
-VALUED = {"--json": "json"}
+VALUED = {"--json": "json", "--simulate": "simulate", "--steps": "steps"}
 DEFAULTS = {"json": None, "deep": False, "quiet": False, "check": True}
 
 
@@ -63,6 +67,11 @@ def parse(argv: list[str]) -> tuple[dict, list[str]] | None:
 
 
 def main(argv: list[str]) -> int:
+    if "--list-gpus" in argv:
+        from gpudoctor.simulate.cards import format_table
+
+        sys.stdout.write(format_table() + "\n")
+        return 0
     parsed = parse(list(argv))
     if parsed is None or not parsed[1]:
         sys.stdout.write(USAGE)
@@ -71,11 +80,22 @@ def main(argv: list[str]) -> int:
     if command[0] == sys.executable and len(command) > 1 and command[1] != "-m" and not os.path.exists(command[1]):
         sys.stderr.write(f"gpudoctor trace: no such script: {command[1]}\n")
         return 2
+    if opts.get("simulate"):
+        from gpudoctor.simulate.cli import prepare
+
+        error = prepare(opts["simulate"], opts.get("steps"))
+        if error:
+            sys.stderr.write(error + "\n")
+            return 2
     from gpudoctor.trace.launch import run_traced
     from gpudoctor.trace.report import merge, render, write_json
 
     run = run_traced(command, deep=opts["deep"])
     merged = merge(run.reports, command=command, exit_code=run.exit_code)
+    if opts.get("simulate"):
+        from gpudoctor.simulate.cli import finish
+
+        merged = finish(merged)
     merged["notes"] = ending_notes(run)
     try:
         if opts["check"]:
@@ -85,6 +105,10 @@ def main(argv: list[str]) -> int:
         if not opts["quiet"]:
             if run.reports:
                 render(merged)
+            if opts.get("simulate"):
+                from gpudoctor.simulate.cli import render_simulation
+
+                render_simulation(merged)
             print_notes(merged["notes"])
     except Exception as exc:  # the program's exit code matters more than our rendering
         sys.stderr.write(f"gpudoctor: could not render the report: {type(exc).__name__}: {exc}\n")

@@ -202,7 +202,7 @@ def dominant_options(dominant: dict, snapshot) -> list[dict]:
 def diagnose_oom(info: OomInfo, probe, phase: str, dominant: dict | None = None, snapshot=None) -> dict:
     per_device = breakdown(probe)
     device = f"{info.device_type}:{info.device_index}" if info.device_index is not None else info.device_type
-    if info.device_type == "cuda" and not torch.cuda.is_available():
+    if info.device_type == "cuda" and device not in per_device:
         # a simulated CUDA OOM on virtual devices carries the index; name the device we actually see
         match = [d for d in per_device if d.endswith(f":{info.device_index}") and not d.startswith("cpu")]
         if match:

@@ -41,6 +41,9 @@ def build_report(probe, exc: BaseException | None = None, *, exit_code: int | No
     from gpudoctor.trace.memory import peak_memory
 
     sections += [("findings", lambda: silent_findings(probe)), ("placement", lambda: placement(probe)), ("memory", peak_memory)]
+    simulation = sys.modules.get("gpudoctor.simulate.boot")
+    if simulation is not None and simulation.active() is not None:
+        sections.append(("simulation", simulation.report_section))
     for key, build in sections:
         try:
             report[key] = build()

@@ -66,6 +66,9 @@ class _BackendModule:
     def synchronize(self, device=None) -> None:
         pass
 
+    def get_amp_supported_dtype(self) -> list:  # torch.autocast on the backend (gpudoctor.simulate)
+        return [torch.float16, torch.bfloat16]
+
 
 def ensure_backend() -> str:
     """Register the ``gpu`` PrivateUse1 backend once per process; return its name.

@@ -1,0 +1,162 @@
+"""``cuda`` as the script says it, ``gpu`` (PrivateUse1) as the simulation runs it, and back.
+
+Fake tensors on real ``cuda`` devices abort a CPU build of torch, so every ``"cuda"``, ``"cuda:N"``,
+``torch.device("cuda", N)`` and bare device index the script passes is rewritten to ``gpu:N`` on the way
+in (:class:`DeviceTranslation`), and :func:`to_user` turns ``gpu`` back into ``cuda`` in what the user sees.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+BACKEND = "gpu"
+_CUDA_RE = re.compile(r"^cuda(?::(\d+))?$")
+_GPU_TEXT_RE = re.compile(r"\bgpu(:\d+)?\b")
+_DEVICE_REPR_RE = re.compile(r"device\(type='gpu'")
+
+
+class State:
+    current = 0  # torch.cuda.set_device
+    autocast: list = []  # stack of (enabled, dtype, cast cache) for torch.autocast("cuda")
+
+
+import torch.nn.functional as F  # noqa: E402
+
+# torch's autocast lists (aten/src/ATen/autocast_mode.cpp) for the ops training scripts hit: torch has no
+# autocast kernels for a Python PrivateUse1 backend, so the casts are made here, above autograd, where
+# real autocast makes them too (the low-precision copies are what backward saves).
+_LOWER = {F.linear, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.addbmm, torch.Tensor.__matmul__,
+          torch.Tensor.matmul, torch.Tensor.mm, torch.Tensor.bmm, F.conv1d, F.conv2d, F.conv3d, F.scaled_dot_product_attention,
+          torch.einsum, F.multi_head_attention_forward}
+_FP32 = {F.softmax, F.log_softmax, F.cross_entropy, F.nll_loss, F.layer_norm, F.group_norm, F.mse_loss, F.l1_loss,
+         F.binary_cross_entropy_with_logits, torch.Tensor.softmax, torch.Tensor.log_softmax, torch.softmax, torch.log_softmax,
+         torch.exp, torch.log, torch.pow, torch.Tensor.pow, torch.rsqrt, torch.cumsum, torch.sum, torch.prod, torch.norm}
+
+
+def _autocast_args(func, args, kwargs):
+    enabled, dtype, cache = State.autocast[-1]
+    if not enabled:
+        return args, kwargs
+    target = dtype if func in _LOWER else torch.float32 if func in _FP32 else None
+    if target is None:
+        return args, kwargs
+
+    def cast(value):
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != target and value.dtype != torch.float64:
+            if target != torch.float32 and value.is_leaf and value.requires_grad:  # autocast caches weight casts
+                key = (id(value), target)
+                if key not in cache:
+                    cache[key] = value.to(target)
+                return cache[key]
+            return value.to(target)
+        if isinstance(value, (list, tuple)) and func is torch.einsum:
+            return type(value)(cast(v) for v in value)
+        return value
+
+    return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+
+
+def translate(device):
+    """A device argument as the script wrote it -> the same on the virtual backend (others unchanged)."""
+    if isinstance(device, str):
+        match = _CUDA_RE.match(device.strip())
+        if match:
+            return f"{BACKEND}:{match.group(1) if match.group(1) is not None else State.current}"
+        return device
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return torch.device(BACKEND, device.index if device.index is not None else State.current)
+    return device
+
+
+def index_of(device) -> int:
+    """``torch.cuda.*(device)`` argument -> index."""
+    if device is None:
+        return State.current
+    if isinstance(device, int):
+        return device
+    device = torch.device(translate(device)) if isinstance(device, str) else device
+    return device.index if device.index is not None else State.current
+
+
+def to_user(text: str) -> str:
+    """``gpu:1`` -> ``cuda:1`` in a message the user will read."""
+    text = _DEVICE_REPR_RE.sub("device(type='cuda'", text)
+    return _GPU_TEXT_RE.sub(lambda m: "cuda" + (m.group(1) or ""), text)
+
+
+def _map_args(args):
+    return tuple(translate(a) for a in args)
+
+
+_TO_LIKE = {torch.Tensor.to, torch.Tensor.new_empty, torch.Tensor.new_zeros, torch.Tensor.new_ones,
+            torch.Tensor.new_full, torch.Tensor.new_tensor}
+
+
+class DeviceTranslation(TorchFunctionMode):
+    """Rewrites device arguments of every torch call; ``Tensor.cuda()`` becomes ``.to(gpu:N)``."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.device:  # torch.device("cuda") stays cuda (accelerate checks .type); uses translate it
+            return func(*args, **kwargs)
+        if "device" in kwargs:
+            device = kwargs["device"]
+            kwargs = dict(kwargs, device=f"{BACKEND}:{device}" if isinstance(device, int) and not isinstance(device, bool) else translate(device))
+        if func is torch.Tensor.cuda:
+            tensor, device = args[0], (args[1] if len(args) > 1 else kwargs.pop("device", None))
+            kwargs.pop("device", None)
+            return tensor.to(f"{BACKEND}:{index_of(device)}", **kwargs)
+        if func is torch.Tensor.pin_memory or func is torch.Tensor.record_stream:
+            return args[0] if func is torch.Tensor.pin_memory else None
+        if func in _TO_LIKE and len(args) > 1 and isinstance(args[1], int) and not isinstance(args[1], bool) and func is torch.Tensor.to:
+            args = (args[0], f"{BACKEND}:{args[1]}", *args[2:])
+        else:
+            args = _map_args(args)
+        if State.autocast:
+            args, kwargs = _autocast_args(func, args, kwargs)
+        if func in (torch.tensor, torch.as_tensor, torch.asarray) and _is_virtual(kwargs.get("device")):
+            # fake mode does not intercept data -> gpu tensors: build on cpu, then move
+            device = kwargs.pop("device")
+            return _move_constant(func(*args, **kwargs), device)
+        if func is torch.Tensor.to and getattr(args[0], "constant", None) is not None:
+            # fake mode runs ops on a constant (a tensor made from Python numbers) for real; a real
+            # tensor cannot go to the virtual backend, so the copy is made without the constant
+            constant, args[0].constant = args[0].constant, None
+            try:
+                return func(*args, **kwargs)
+            finally:
+                args[0].constant = constant
+        return func(*args, **kwargs)
+
+
+class Autocast:
+    """``torch.autocast("cuda")`` in a simulation (entered by the patched ``torch.autocast``)."""
+
+    @staticmethod
+    def enter(enabled: bool, dtype) -> None:
+        State.autocast.append((enabled, dtype or torch.float16, {}))
+
+    @staticmethod
+    def exit() -> None:
+        if State.autocast:
+            State.autocast.pop()
+
+
+def _move_constant(tensor, device):
+    constant = getattr(tensor, "constant", None)
+    if constant is None:
+        return tensor.to(device)
+    tensor.constant = None
+    try:
+        return tensor.to(device)
+    finally:
+        tensor.constant = constant
+
+
+def _is_virtual(device) -> bool:
+    if device is None:
+        return False
+    return torch.device(device).type == BACKEND

@@ -1,0 +1,124 @@
+"""``gpudoctor trace --simulate``: the user's script, unchanged, on simulated cards (subprocesses)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpudoctor.trace.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+SEEDS = ROOT / "fixtures" / "seeds"
+
+TINY_TRAIN = textwrap.dedent("""\
+    import torch, torch.nn as nn
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = nn.Sequential(nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 4096)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for step in range(10):
+        loss = model(torch.randn(16, 4096).to(device)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        print("loss", loss.item())
+""")
+
+
+def _trace(tmp_path, script: str, *options: str, name: str = "train.py") -> tuple[subprocess.CompletedProcess, dict]:
+    path = tmp_path / name
+    if not path.exists():
+        path.write_text(script)
+    report = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "gpudoctor", "trace", *options, "--no-check", "--json", str(report), str(path)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    return proc, json.loads(report.read_text())
+
+
+def test_list_gpus_and_unknown_card(capsys, tmp_path):
+    assert main(["--list-gpus"]) == 0
+    out = capsys.readouterr().out
+    assert "T4" in out and "3070Ti" in out and "A100-80GB" in out
+    (tmp_path / "x.py").write_text("pass\n")
+    assert main(["--simulate", "2xT5", str(tmp_path / "x.py")]) == 2
+    assert "Did you mean" in capsys.readouterr().err
+
+
+def test_tiny_script_fits_then_stops_after_two_steps(tmp_path):
+    proc, report = _trace(tmp_path, TINY_TRAIN, "--simulate", "1x4GB")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sim = report["simulated"]
+    assert sim["simulated"] and sim["optimizer_steps"] == 2 and sim["stopped_after_steps"]
+    assert sim["verdict"]["fits"] is True
+    weights = 2 * (4096 * 4096 + 4096) * 4
+    device = sim["devices"][0]
+    assert device["device"] == "cuda:0"
+    assert device["peak_by_category"]["gradients"] >= weights and device["peak_by_category"]["optimizer_state"] >= 2 * weights
+    assert proc.stdout.count("loss 0.0") == 1  # stopped inside the second step; the loss is a stand-in
+
+
+def test_tiny_script_runs_out_of_memory_at_the_optimizer_step(tmp_path):
+    proc, report = _trace(tmp_path, TINY_TRAIN, "--simulate", "1x1GB")
+    assert proc.returncode == 1
+    assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate" in proc.stderr
+    assert "gpu:" not in proc.stderr.split("Traceback")[1].split("gpudoctor trace")[0]
+    verdict = report["simulated"]["verdict"]
+    assert verdict == {**verdict, "fits": False, "kind": "oom", "device": "cuda:0", "line": 8}
+
+
+def _medical_dialogs(tmp_path: Path) -> None:
+    from gpudoctor.reference.data import BUNDLED_DATA
+
+    (tmp_path / "small_en_medical_dialog.json").write_bytes(BUNDLED_DATA.read_bytes())
+
+
+@pytest.mark.slow
+def test_seed003_dataparallel_runs_out_of_memory_on_gpu0_at_model_to(tmp_path):
+    _medical_dialogs(tmp_path)
+    script = (SEEDS / "seed003_llama_dataparallel.py").read_text()
+    proc, report = _trace(tmp_path, script, "--simulate", "6x3070Ti", name="seed003.py")
+    verdict = report["simulated"]["verdict"]
+    assert verdict["kind"] == "oom" and verdict["device"] == "cuda:0" and verdict["code"] == "model.to(device)"
+    assert "GPU 0 has a total capacity of 7.58 GiB" in proc.stderr
+
+
+@pytest.mark.slow
+def test_seed003_fixed_twin_fits_on_six_8gb_cards(tmp_path):
+    _medical_dialogs(tmp_path)
+    script = (SEEDS / "seed003_llama_dataparallel.fixed.py").read_text()
+    proc, report = _trace(tmp_path, script, "--simulate", "6x3070Ti", name="seed003_fixed.py")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sim = report["simulated"]
+    assert sim["verdict"]["fits"] is True and sim["optimizer_steps"] == 2
+    assert all(d["peak_allocated"] > 1 << 30 for d in sim["devices"])  # device_map="auto" spread the layers
+
+
+def test_seed000_chatglm_is_refused_with_a_clear_reason(tmp_path):
+    script = (SEEDS / "seed000_kaggle_chatglm_lora.py").read_text()
+    proc, report = _trace(tmp_path, script, "--simulate", "2xT4", name="seed000.py")
+    assert proc.returncode == 1
+    traceback = proc.stderr.split("gpudoctor trace")[0]
+    assert "NotSimulable: THUDM/chatglm-6b needs its remote code" in traceback
+    assert "gpudoctor/simulate" not in traceback and "During handling" not in traceback
+    assert report["simulated"]["verdict"]["line"] == 13
+
+
+def test_script_that_needs_values_stops_with_an_explanation(tmp_path):
+    script = "import torch\nx = torch.randn(8, device='cuda')\nprint(torch.bincount(torch.randint(0, 5, (8,), device='cuda')))\n"
+    proc, _ = _trace(tmp_path, script, "--simulate", "1x8GB")
+    traceback = proc.stderr.split("gpudoctor trace")[0]
+    assert "gpudoctor --simulate stopped at" in traceback and "no values" in traceback
+    assert "gpudoctor/simulate" not in traceback
+
+
+@pytest.mark.slow
+def test_seed003_trainer_fixed_twin_fits_with_fp16_amp(tmp_path):
+    _medical_dialogs(tmp_path)
+    script = (SEEDS / "seed003_accelerate_trainer.fixed.py").read_text()
+    proc, report = _trace(tmp_path, script, "--simulate", "6x3070Ti", name="seed003_trainer_fixed.py")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report["simulated"]["verdict"]["fits"] is True and report["simulated"]["optimizer_steps"] == 2
