@@ -116,6 +116,8 @@ class Simulation:
     def __enter__(self) -> "Simulation":
         from gpudoctor import virtual
 
+        # the virtual backend is process-wide: give its device count back when the simulation ends
+        self._stack.callback(setattr, virtual, "DEVICE_COUNT", virtual.DEVICE_COUNT)
         virtual.DEVICE_COUNT = len(self.cards)
         virtual.ensure_backend()
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
