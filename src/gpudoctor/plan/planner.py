@@ -1,0 +1,253 @@
+"""``make_plan``: every (method, checkpointing, placement) of a model on a set of cards, from simulations.
+
+* **1 GPU**: the simulated step on one card (extrapolated by layer, see :mod:`gpudoctor.plan.simulated`).
+* **device_map**: accelerate's balanced map over all cards in one process, simulated per device.
+* **DDP**: one full copy per card, each with its own batch: the 1-GPU simulation plus DDP's gradient
+  buckets (a flat copy of the trainable gradients, ``gradient_as_bucket_view=False``, the default).
+* **FSDP / ZeRO-3**: weights, gradients and optimizer state of the 1-GPU simulation divided by the number
+  of cards, plus the two decoder layers FSDP gathers at a time (the current one and the prefetched
+  next), plus the rest of the 1-GPU peak (activations, temporaries) unchanged. Not for quantized bases.
+
+Every number is the engine's (or arithmetic on the engine's categories, named in ``source``);
+``tests/plan`` compares them with direct simulations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from gpudoctor.plan import simulated
+from gpudoctor.plan.simulated import K1, K2, Method, ModelInfo, Workload
+from gpudoctor.plan.strategies import METHOD_RANK, PLACEMENT_RANK, methods_for, rules_for, seconds_per_sample
+
+MiB = 1 << 20
+SEGMENT = 2 * MiB  # large-pool segments are rounded to 2 MiB
+
+
+@dataclass
+class Row:
+    method: Method
+    checkpointing: bool
+    placement: str
+    devices: list[dict]  # per card: peak_allocated, peak_reserved, breakdown
+    usable: list[int]
+    cpu_ram: int
+    offloaded: int
+    source: str
+    seconds_per_sample: float | None = None
+    rules: list[str] = field(default_factory=list)
+
+    @property
+    def fullest(self) -> int:
+        return max(range(len(self.devices)), key=lambda i: self.devices[i]["peak_reserved"] / max(self.usable[i], 1))
+
+    @property
+    def peak(self) -> int:
+        return self.devices[self.fullest]["peak_reserved"]
+
+    @property
+    def peak_allocated(self) -> int:
+        return self.devices[self.fullest]["peak_allocated"]
+
+    @property
+    def headroom(self) -> int:
+        return self.usable[self.fullest] - self.peak
+
+    @property
+    def fits(self) -> bool:
+        return all(d["peak_reserved"] <= u for d, u in zip(self.devices, self.usable)) and not self.offloaded
+
+    @property
+    def verdict(self) -> str:
+        if self.offloaded:
+            return "no (offload)"
+        if self.fits:
+            return "fits"
+        # the real allocator frees its cache and retries before it fails: allocated is the hard floor
+        if all(d["peak_allocated"] <= u for d, u in zip(self.devices, self.usable)):
+            return "tight"
+        return "no"
+
+    def to_json(self) -> dict:
+        return {"method": self.method.key, "method_label": self.method.label, "gradient_checkpointing": self.checkpointing,
+                "placement": self.placement, "gpus": len(self.devices), "fullest_gpu": self.fullest,
+                "peak_reserved": self.peak, "peak_allocated": self.peak_allocated, "usable": self.usable[self.fullest],
+                "headroom": self.headroom, "fits": self.fits, "verdict": self.verdict, "cpu_ram": self.cpu_ram,
+                "seconds_per_sample": self.seconds_per_sample, "rules": self.rules, "source": self.source,
+                "devices": self.devices}
+
+
+class Planner:
+    """Simulations for one model, workload and set of cards; each result computed once."""
+
+    def __init__(self, info: ModelInfo, cards, workload: Workload, use_cache: bool = True, progress=None):
+        self.info, self.cards, self.workload, self.use_cache = info, list(cards), workload, use_cache
+        self.progress = progress or (lambda message: None)
+        self._maps: dict = {}
+
+    # -- simulations ------------------------------------------------------------------------------
+    def _sim(self, method, checkpointing, layers, roles=None, workload=None):
+        self.progress(f"simulating {method.label}{' + checkpointing' if checkpointing else ''}"
+                      f"{'' if layers is None else f', {len(layers)} device(s) x {layers[0]} layer(s)'}")
+        return simulated.simulate(self.info, method, workload or self.workload, checkpointing, self.cards[0], layers, roles,
+                                  use_cache=self.use_cache)
+
+    def _extrapolates(self, roles: int) -> bool:
+        return self.info.layers_path is not None and self.info.num_layers > K2 * roles
+
+    def single(self, method: Method, checkpointing: bool, workload: Workload | None = None) -> tuple[dict, int, str]:
+        """(peaks on one card, trainable bytes, source) of the whole model."""
+        if not self._extrapolates(1):
+            run = self._sim(method, checkpointing, None, workload=workload)
+            return run["devices"][0], run["trainable_bytes"], "simulated"
+        first = self._sim(method, checkpointing, (K1,), workload=workload)
+        second = self._sim(method, checkpointing, (K2,), workload=workload)
+        n = self.info.num_layers
+        trainable = int(round(simulated.linear(first["trainable_bytes"], second["trainable_bytes"], n)))
+        return simulated.extrapolate(first["devices"][0], second["devices"][0], n), trainable, "simulated, by layer"
+
+    def device_map(self, method: Method) -> dict:
+        if method not in self._maps:
+            self._maps[method] = simulated.device_map_for(self.info, method, self.cards)
+        return self._maps[method]
+
+    def pipeline(self, method: Method, checkpointing: bool, workload: Workload | None = None) -> tuple[list[dict], int, str]:
+        """(peaks per card, offloaded bytes, source) under accelerate's balanced map over all cards."""
+        dmap = self.device_map(method)
+        offloaded_keys = [k for k, d in dmap.items() if d in ("cpu", "disk")]
+        offloaded = simulated.module_bytes(self.info, method, offloaded_keys) if offloaded_keys else 0
+        resident = sorted({d for d in dmap.values() if isinstance(d, int)})
+        empty = {"peak_allocated": 0, "peak_reserved": 0, "breakdown": {c: 0 for c in simulated.CATEGORIES}}
+        devices = [dict(empty) for _ in self.cards]
+        roles_n = min(len(resident), 3)
+        if not resident:
+            return devices, offloaded, "simulated"
+        if not self._extrapolates(roles_n):
+            run = self._sim(method, checkpointing, None, roles=dmap, workload=workload)
+            for i, d in enumerate(resident):
+                devices[d] = run["devices"][i] if i < len(run["devices"]) else empty
+            return devices, offloaded, "simulated"
+        role_of = {d: (0 if d == resident[0] else roles_n - 1 if d == resident[-1] else 1) for d in resident}
+        roles = {k: (role_of[d] if isinstance(d, int) else d) for k, d in dmap.items() if simulated.layer_index(self.info, k) is None}
+        first = self._sim(method, checkpointing, (K1,) * roles_n, roles, workload=workload)
+        second = self._sim(method, checkpointing, (K2,) * roles_n, roles, workload=workload)
+        counts = simulated.layers_per_device(self.info, dmap)
+        for d in resident:
+            r = role_of[d]
+            devices[d] = simulated.extrapolate(first["devices"][r], second["devices"][r], counts.get(d, 0))
+        return devices, offloaded, "simulated per device, by layer"
+
+    # -- rows ---------------------------------------------------------------------------------------
+    def rows_for(self, method: Method, checkpointing: bool, workload: Workload | None = None) -> list[Row]:
+        n = len(self.cards)
+        usable = [c.usable for c in self.cards]
+        weight_bytes = self._weight_bytes(method)
+        one, trainable, source = self.single(method, checkpointing, workload)
+        rows = [Row(method, checkpointing, "1 GPU", [one], usable[:1], 0, 0, source)]
+        if n > 1:
+            devices, offloaded, psource = self.pipeline(method, checkpointing, workload)
+            rows.append(Row(method, checkpointing, "device_map", devices, usable, offloaded, offloaded, psource))
+            rows.append(Row(method, checkpointing, "DDP", [ddp_peaks(one, trainable)] * n, usable,
+                            n * weight_bytes, 0, f"{source} + DDP gradient buckets"))
+            if not method.quant_bits:
+                layer_bytes = self.info.layer_params * _dtype_bytes(method.dtype)
+                rows.append(Row(method, checkpointing, "FSDP", [fsdp_peaks(one, n, layer_bytes)] * n, usable,
+                                weight_bytes, 0, f"{source}; state / {n} + 2 gathered layers"))
+        tokens = (workload or self.workload).seq + ((workload or self.workload).target_len or (workload or self.workload).seq
+                                                    if self.info.encoder_decoder else 0)
+        for row in rows:
+            row.seconds_per_sample = seconds_per_sample(method, checkpointing, row.placement, self.cards, self.info.num_params, tokens)
+            row.rules = rules_for(method, row.placement, row.fits, row.offloaded, self.cards[0])
+        return rows
+
+    def _weight_bytes(self, method: Method) -> int:
+        if method.quant_bits:
+            return simulated.module_bytes(self.info, method, [""])
+        return self.info.num_params * _dtype_bytes(method.dtype)
+
+
+def _dtype_bytes(dtype: str) -> int:
+    return 4 if dtype == "float32" else 2
+
+
+def _round_segment(n: int) -> int:
+    return -(-n // SEGMENT) * SEGMENT
+
+
+def ddp_peaks(one: dict, trainable_bytes: int) -> dict:
+    """One card of DDP: the 1-GPU peak plus the gradient buckets (a flat copy of every trainable gradient)."""
+    bucket = _round_segment(trainable_bytes)
+    breakdown = dict(one["breakdown"])
+    breakdown["gradients"] = breakdown.get("gradients", 0) + bucket
+    return {"peak_allocated": one["peak_allocated"] + bucket, "peak_reserved": one["peak_reserved"] + bucket, "breakdown": breakdown}
+
+
+def fsdp_peaks(one: dict, n: int, layer_bytes: int) -> dict:
+    """One card of FSDP / ZeRO-3 from the 1-GPU peak: state sharded n ways, two full layers gathered."""
+    breakdown = dict(one["breakdown"])
+    state = ("weights", "gradients", "optimizer_state")
+    before = sum(breakdown.get(c, 0) for c in state)
+    for c in state:
+        breakdown[c] = -(-breakdown.get(c, 0) // n)
+    breakdown["weights"] += _round_segment(2 * layer_bytes)
+    change = sum(breakdown[c] for c in state) - before
+    return {"peak_allocated": one["peak_allocated"] + change, "peak_reserved": one["peak_reserved"] + change,
+            "breakdown": breakdown}
+
+
+@dataclass
+class Plan:
+    info: ModelInfo
+    cards: list
+    workload: Workload
+    rows: list[Row]
+    recommended: Row | None
+    largest_batch: int | None = None
+    largest_seq: int | None = None
+
+    def to_json(self) -> dict:
+        from gpudoctor.plan.advice import recommendation, snippet
+
+        return {"model": self.info.name, "model_source": self.info.source, "cards": [c.name for c in self.cards],
+                "usable_per_card": [c.usable for c in self.cards], "workload": dataclasses.asdict(self.workload),
+                "rows": [r.to_json() for r in self.rows],
+                "recommended": self.recommended.to_json() if self.recommended else None,
+                "recommendation": recommendation(self), "code": snippet(self),
+                "largest_batch": self.largest_batch, "largest_seq": self.largest_seq}
+
+
+def choose(rows: list[Row]) -> Row | None:
+    """The least change to full fine-tuning that fits: method first, then no checkpointing, then the simplest launch."""
+    fitting = [r for r in rows if r.fits and not r.rules]
+    if not fitting:
+        fitting = [r for r in rows if r.fits]
+    return min(fitting, key=lambda r: (METHOD_RANK[r.method.key], r.checkpointing, PLACEMENT_RANK[r.placement]), default=None)
+
+
+def make_plan(model: str, cards, workload: Workload, *, use_cache: bool = True, search: bool = True,
+              methods: list[str] | None = None, progress=None) -> Plan:
+    from gpudoctor.simulate.cards import parse_spec
+
+    cards = parse_spec(cards) if isinstance(cards, str) else list(cards)
+    info = simulated.resolve(model)
+    planner = Planner(info, cards, workload, use_cache=use_cache, progress=progress)
+    rows: list[Row] = []
+    for method in methods_for(cards):
+        if methods and method.key not in methods:
+            continue
+        for checkpointing in (False, True):
+            rows.extend(planner.rows_for(method, checkpointing))
+    best = choose(rows)
+    plan = Plan(info, cards, workload, rows, best)
+    if best is not None and search:
+        from gpudoctor.plan.search import largest
+
+        def fits_with(**change):
+            wl = dataclasses.replace(workload, **change)
+            return next(r for r in planner.rows_for(best.method, best.checkpointing, wl) if r.placement == best.placement)
+
+        plan.largest_batch = largest(lambda b: fits_with(batch=b), workload.batch, limit=4096)
+        max_seq = int(getattr(info.config, "max_position_embeddings", 0) or getattr(info.config, "n_positions", 0) or 32768)
+        plan.largest_seq = largest(lambda s: fits_with(seq=s), workload.seq, limit=max_seq)
+    return plan
