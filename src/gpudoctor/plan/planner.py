@@ -18,10 +18,11 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from gpudoctor.plan import simulated
-from gpudoctor.plan.simulated import K1, K2, Method, ModelInfo, Workload
+from gpudoctor.plan.simulated import Method, ModelInfo, Workload, depths
 from gpudoctor.plan.strategies import METHOD_RANK, PLACEMENT_RANK, methods_for, rules_for, seconds_per_sample
 
 MiB = 1 << 20
+EMPTY = {"peak_allocated": 0, "peak_reserved": 0, "breakdown": {c: 0 for c in simulated.CATEGORIES}}
 SEGMENT = 2 * MiB  # large-pool segments are rounded to 2 MiB
 
 
@@ -37,6 +38,7 @@ class Row:
     source: str
     seconds_per_sample: float | None = None
     rules: list[str] = field(default_factory=list)
+    error: str | None = None  # the engine could not simulate this case
 
     @property
     def fullest(self) -> int:
@@ -56,10 +58,12 @@ class Row:
 
     @property
     def fits(self) -> bool:
-        return all(d["peak_reserved"] <= u for d, u in zip(self.devices, self.usable)) and not self.offloaded
+        return all(d["peak_reserved"] <= u for d, u in zip(self.devices, self.usable)) and not self.offloaded and not self.error
 
     @property
     def verdict(self) -> str:
+        if self.error:
+            return "not simulated"
         if self.offloaded:
             return "no (offload)"
         if self.fits:
@@ -74,7 +78,7 @@ class Row:
                 "placement": self.placement, "gpus": len(self.devices), "fullest_gpu": self.fullest,
                 "peak_reserved": self.peak, "peak_allocated": self.peak_allocated, "usable": self.usable[self.fullest],
                 "headroom": self.headroom, "fits": self.fits, "verdict": self.verdict, "cpu_ram": self.cpu_ram,
-                "seconds_per_sample": self.seconds_per_sample, "rules": self.rules, "source": self.source,
+                "seconds_per_sample": self.seconds_per_sample, "rules": self.rules, "source": self.source, "error": self.error,
                 "devices": self.devices}
 
 
@@ -93,19 +97,20 @@ class Planner:
         return simulated.simulate(self.info, method, workload or self.workload, checkpointing, self.cards[0], layers, roles,
                                   use_cache=self.use_cache)
 
-    def _extrapolates(self, roles: int) -> bool:
-        return self.info.layers_path is not None and self.info.num_layers > K2 * roles
+    def _extrapolates(self, method: Method, roles: int) -> bool:
+        return self.info.layers_path is not None and self.info.num_layers > depths(method)[1] * roles
 
     def single(self, method: Method, checkpointing: bool, workload: Workload | None = None) -> tuple[dict, int, str]:
         """(peaks on one card, trainable bytes, source) of the whole model."""
-        if not self._extrapolates(1):
+        k1, k2 = depths(method)
+        if not self._extrapolates(method, 1):
             run = self._sim(method, checkpointing, None, workload=workload)
             return run["devices"][0], run["trainable_bytes"], "simulated"
-        first = self._sim(method, checkpointing, (K1,), workload=workload)
-        second = self._sim(method, checkpointing, (K2,), workload=workload)
+        first = self._sim(method, checkpointing, (k1,), workload=workload)
+        second = self._sim(method, checkpointing, (k2,), workload=workload)
         n = self.info.num_layers
-        trainable = int(round(simulated.linear(first["trainable_bytes"], second["trainable_bytes"], n)))
-        return simulated.extrapolate(first["devices"][0], second["devices"][0], n), trainable, "simulated, by layer"
+        trainable = int(round(simulated.linear(first["trainable_bytes"], second["trainable_bytes"], n, k1, k2)))
+        return simulated.extrapolate(first["devices"][0], second["devices"][0], n, k1, k2), trainable, "simulated, by layer"
 
     def device_map(self, method: Method) -> dict:
         if method not in self._maps:
@@ -118,47 +123,58 @@ class Planner:
         offloaded_keys = [k for k, d in dmap.items() if d in ("cpu", "disk")]
         offloaded = simulated.module_bytes(self.info, method, offloaded_keys) if offloaded_keys else 0
         resident = sorted({d for d in dmap.values() if isinstance(d, int)})
-        empty = {"peak_allocated": 0, "peak_reserved": 0, "breakdown": {c: 0 for c in simulated.CATEGORIES}}
-        devices = [dict(empty) for _ in self.cards]
+        devices = [dict(EMPTY) for _ in self.cards]
         roles_n = min(len(resident), 3)
         if not resident:
             return devices, offloaded, "simulated"
-        if not self._extrapolates(roles_n):
+        k1, k2 = depths(method)
+        if not self._extrapolates(method, roles_n):
             run = self._sim(method, checkpointing, None, roles=dmap, workload=workload)
             for i, d in enumerate(resident):
-                devices[d] = run["devices"][i] if i < len(run["devices"]) else empty
+                devices[d] = run["devices"][i] if i < len(run["devices"]) else EMPTY
             return devices, offloaded, "simulated"
         role_of = {d: (0 if d == resident[0] else roles_n - 1 if d == resident[-1] else 1) for d in resident}
         roles = {k: (role_of[d] if isinstance(d, int) else d) for k, d in dmap.items() if simulated.layer_index(self.info, k) is None}
-        first = self._sim(method, checkpointing, (K1,) * roles_n, roles, workload=workload)
-        second = self._sim(method, checkpointing, (K2,) * roles_n, roles, workload=workload)
+        first = self._sim(method, checkpointing, (k1,) * roles_n, roles, workload=workload)
+        second = self._sim(method, checkpointing, (k2,) * roles_n, roles, workload=workload)
         counts = simulated.layers_per_device(self.info, dmap)
         for d in resident:
             r = role_of[d]
-            devices[d] = simulated.extrapolate(first["devices"][r], second["devices"][r], counts.get(d, 0))
+            devices[d] = simulated.extrapolate(first["devices"][r], second["devices"][r], counts.get(d, 0), k1, k2)
         return devices, offloaded, "simulated per device, by layer"
 
     # -- rows ---------------------------------------------------------------------------------------
     def rows_for(self, method: Method, checkpointing: bool, workload: Workload | None = None) -> list[Row]:
+        wl = workload or self.workload
         n = len(self.cards)
         usable = [c.usable for c in self.cards]
         weight_bytes = self._weight_bytes(method)
-        one, trainable, source = self.single(method, checkpointing, workload)
-        rows = [Row(method, checkpointing, "1 GPU", [one], usable[:1], 0, 0, source)]
-        if n > 1:
-            devices, offloaded, psource = self.pipeline(method, checkpointing, workload)
-            rows.append(Row(method, checkpointing, "device_map", devices, usable, offloaded, offloaded, psource))
-            rows.append(Row(method, checkpointing, "DDP", [ddp_peaks(one, trainable)] * n, usable,
-                            n * weight_bytes, 0, f"{source} + DDP gradient buckets"))
-            if not method.quant_bits:
+        placements = ["1 GPU"] + (["device_map", "DDP"] + ([] if method.quant_bits else ["FSDP"]) if n > 1 else [])
+        rows = []
+        try:
+            one, trainable, source = self.single(method, checkpointing, wl)
+        except simulated.SimulationFailed as exc:
+            rows = [Row(method, checkpointing, p, [EMPTY] * (1 if p == "1 GPU" else n), usable, 0, 0, "", error=str(exc))
+                    for p in placements if p != "device_map"]
+        else:
+            rows.append(Row(method, checkpointing, "1 GPU", [one], usable[:1], 0, 0, source))
+            if "DDP" in placements:
+                rows.append(Row(method, checkpointing, "DDP", [ddp_peaks(one, trainable)] * n, usable,
+                                n * weight_bytes, 0, f"{source} + DDP gradient buckets"))
+            if "FSDP" in placements:
                 layer_bytes = self.info.layer_params * _dtype_bytes(method.dtype)
                 rows.append(Row(method, checkpointing, "FSDP", [fsdp_peaks(one, n, layer_bytes)] * n, usable,
                                 weight_bytes, 0, f"{source}; state / {n} + 2 gathered layers"))
-        tokens = (workload or self.workload).seq + ((workload or self.workload).target_len or (workload or self.workload).seq
-                                                    if self.info.encoder_decoder else 0)
+        if "device_map" in placements:
+            try:
+                devices, offloaded, psource = self.pipeline(method, checkpointing, wl)
+                rows.insert(1, Row(method, checkpointing, "device_map", devices, usable, offloaded, offloaded, psource))
+            except simulated.SimulationFailed as exc:
+                rows.insert(1, Row(method, checkpointing, "device_map", [EMPTY] * n, usable, 0, 0, "", error=str(exc)))
+        tokens = wl.seq + ((wl.target_len or wl.seq) if self.info.encoder_decoder else 0)
         for row in rows:
             row.seconds_per_sample = seconds_per_sample(method, checkpointing, row.placement, self.cards, self.info.num_params, tokens)
-            row.rules = rules_for(method, row.placement, row.fits, row.offloaded, self.cards[0])
+            row.rules = [] if row.error else rules_for(method, row.placement, row.fits, row.offloaded, self.cards[0])
         return rows
 
     def _weight_bytes(self, method: Method) -> int:

@@ -64,7 +64,9 @@ class QuantizedLinear(nn.Linear):
 
     def forward(self, x):
         out = _DequantizedMatmul.apply(x, self.weight, self.out_features, self.in_features, self.compute_dtype)
-        return out if self.bias is None else out + self.bias
+        if self.bias is not None:
+            out = out + self.bias
+        return out.to(x.dtype)  # bitsandbytes returns the input's dtype
 
 
 def quantize_linears(model: nn.Module, bits: int, compute_dtype: torch.dtype) -> nn.Module:

@@ -19,6 +19,10 @@ def table_rows(plan) -> list[tuple[str, ...]]:
     times = _relative_times(plan)
     out = []
     for r in plan.rows:
+        if r.error:
+            out.append((r.method.label, "yes" if r.checkpointing else "no", r.placement, "-", "-", r.verdict, "-", "-",
+                        f"engine: {r.error[:70]}"))
+            continue
         out.append((r.method.label, "yes" if r.checkpointing else "no",
                     r.placement if r.placement != "DDP" and r.placement != "FSDP" else f"{r.placement} x{len(r.devices)}",
                     f"{gib(r.peak)} (cuda:{r.fullest})" if len(r.devices) > 1 else gib(r.peak),

@@ -32,6 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 K1, K2 = 1, 2
+
+
+def depths(method: "Method") -> tuple[int, int]:
+    """The two depths a method is simulated at. Under AMP the one-layer copies are off the line (the
+    fp16 casts autocast keeps for the head and the first layer peak at another moment): 2 and 3 layers."""
+    return (2, 3) if method.autocast else (K1, K2)
 UNBOUNDED = 1 << 45  # a card no simulated step fills: the simulation reports what the step needs
 NUMBERS = ("peak_allocated", "peak_reserved", "trainable_bytes")
 CATEGORIES = ("weights", "gradients", "optimizer_state", "activations", "temporaries", "other")
@@ -98,6 +104,8 @@ def resolve(model: str) -> ModelInfo:
     config, _, source = hub.resolve_config(path, None)
     meta = _meta_model(config)
     layers_path = _layers_path(meta, config)
+    import peft  # noqa: F401  (imported once here, not in every forked simulation)
+
     layer_params = 0
     if layers_path:
         layer_params = max(sum(p.numel() for p in layer.parameters()) for layer in meta.get_submodule(layers_path))
@@ -254,7 +262,7 @@ def simulate(info: ModelInfo, method: Method, workload: Workload, checkpointing:
             return json.loads(path.read_text())
         except (OSError, ValueError):
             pass
-    result = _run(info, method, workload, checkpointing, card, layers, device_map)
+    result = _run_isolated(info, method, workload, checkpointing, card, layers, device_map)
     if use_cache:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -264,6 +272,39 @@ def simulate(info: ModelInfo, method: Method, workload: Workload, checkpointing:
         except OSError:
             pass
     return result
+
+
+class SimulationFailed(RuntimeError):
+    """The engine could not simulate a case (the message says why)."""
+
+
+def _run_isolated(*args) -> dict:
+    """``_run`` in a forked child: the engine's global patches stay out of this process, and an engine
+    failure (an exception inside autograd on the virtual backend aborts the process) costs one case."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_child, args=(send, args))
+    child.start()
+    send.close()
+    try:
+        result = receive.recv()
+    except EOFError:
+        result = {"error": f"the simulation stopped without a result (exit code {child.join() or child.exitcode})"}
+    child.join()
+    if "error" in result:
+        raise SimulationFailed(result["error"])
+    return result
+
+
+def _child(send, args) -> None:
+    try:
+        result = _run(*args)
+    except BaseException as exc:  # reported to the parent, which says which case failed
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    send.send(result)
+    send.close()
 
 
 def _run(info, method, workload, checkpointing, card, layers, device_map) -> dict:
@@ -292,13 +333,18 @@ def _run(info, method, workload, checkpointing, card, layers, device_map) -> dic
             quantize_linears(model, method.quant_bits, dtype)
         if placement:
             hub.place(model, placement, None, dtype)
+        if checkpointing and method.autocast:
+            # the engine aborts when non-reentrant recompute runs under its emulated autocast; reentrant
+            # checkpointing keeps the same tensors (each layer's input) and runs there
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
         built.append(model)
         return model
 
     placement = _reduced_map(info, config, layers, device_map) if layers and len(layers) > 1 else device_map
     out = simulate_step(factory, unbounded, batch=workload.batch, seq=workload.seq, target_len=workload.target_len,
                         dtype=method.dtype, lora=workload.lora_kwargs() if method.lora else None,
-                        device_map=placement or None, gradient_checkpointing=checkpointing,
+                        device_map=placement or None,
+                        gradient_checkpointing=checkpointing and not method.autocast,
                         optimizer=workload.optimizer, autocast=method.autocast)
     trainable = sum(p.numel() * p.element_size() for p in _unique_params(built[0]) if p.requires_grad) if built else 0
     devices = []
@@ -325,8 +371,9 @@ def linear(v1: float, v2: float, n: float, k1: int = K1, k2: int = K2) -> float:
     return v1 + (v2 - v1) * (n - k1) / (k2 - k1)
 
 
-def extrapolate(first: dict, second: dict, n: float) -> dict:
-    """One device's numbers at ``n`` layers from its numbers at ``K1`` and ``K2`` layers."""
-    out = {key: int(round(linear(first[key], second[key], n))) for key in ("peak_allocated", "peak_reserved")}
-    out["breakdown"] = {c: max(int(round(linear(first["breakdown"][c], second["breakdown"][c], n))), 0) for c in CATEGORIES}
+def extrapolate(first: dict, second: dict, n: float, k1: int = K1, k2: int = K2) -> dict:
+    """One device's numbers at ``n`` layers from its numbers at ``k1`` and ``k2`` layers."""
+    out = {key: int(round(linear(first[key], second[key], n, k1, k2))) for key in ("peak_allocated", "peak_reserved")}
+    out["breakdown"] = {c: max(int(round(linear(first["breakdown"][c], second["breakdown"][c], n, k1, k2))), 0)
+                        for c in CATEGORIES}
     return out
