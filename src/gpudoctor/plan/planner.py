@@ -89,13 +89,27 @@ class Planner:
         self.info, self.cards, self.workload, self.use_cache = info, list(cards), workload, use_cache
         self.progress = progress or (lambda message: None)
         self._maps: dict = {}
+        self._collecting: list | None = None
+        self._quantized_bytes: dict = {}
 
     # -- simulations ------------------------------------------------------------------------------
     def _sim(self, method, checkpointing, layers, roles=None, workload=None):
-        self.progress(f"simulating {method.label}{' + checkpointing' if checkpointing else ''}"
-                      f"{'' if layers is None else f', {len(layers)} device(s) x {layers[0]} layer(s)'}")
-        return simulated.simulate(self.info, method, workload or self.workload, checkpointing, self.cards[0], layers, roles,
-                                  use_cache=self.use_cache)
+        args = (self.info, method, workload or self.workload, checkpointing, self.cards[0], layers, roles)
+        if self._collecting is not None:  # listing what to simulate: a placeholder result
+            self._collecting.append(args)
+            return {"devices": [EMPTY] * len(self.cards), "trainable_bytes": 0}
+        return simulated.simulate(*args, use_cache=self.use_cache)
+
+    def prefetch(self, cases: list[tuple[Method, bool, Workload | None]]) -> None:
+        """Simulate everything ``rows_for`` needs for these cases, as many at a time as there are cores."""
+        self._collecting = []
+        try:
+            for method, checkpointing, workload in cases:
+                self.rows_for(method, checkpointing, workload)
+            requests = self._collecting
+        finally:
+            self._collecting = None
+        simulated.prefetch(requests, use_cache=self.use_cache, progress=self.progress)
 
     def _extrapolates(self, method: Method, roles: int) -> bool:
         return self.info.layers_path is not None and self.info.num_layers > depths(method)[1] * roles
@@ -128,7 +142,9 @@ class Planner:
         if not resident:
             return devices, offloaded, "simulated"
         k1, k2 = depths(method)
-        if not self._extrapolates(method, roles_n):
+        counts = simulated.layers_per_device(self.info, dmap)
+        # a card with fewer layers than the shallowest copy (e.g. only the embeddings) is off the line: whole model
+        if not self._extrapolates(method, roles_n) or min(counts.get(d, 0) for d in resident) < k1:
             run = self._sim(method, checkpointing, None, roles=dmap, workload=workload)
             for i, d in enumerate(resident):
                 devices[d] = run["devices"][i] if i < len(run["devices"]) else EMPTY
@@ -137,7 +153,6 @@ class Planner:
         roles = {k: (role_of[d] if isinstance(d, int) else d) for k, d in dmap.items() if simulated.layer_index(self.info, k) is None}
         first = self._sim(method, checkpointing, (k1,) * roles_n, roles, workload=workload)
         second = self._sim(method, checkpointing, (k2,) * roles_n, roles, workload=workload)
-        counts = simulated.layers_per_device(self.info, dmap)
         for d in resident:
             r = role_of[d]
             devices[d] = simulated.extrapolate(first["devices"][r], second["devices"][r], counts.get(d, 0), k1, k2)
@@ -178,9 +193,11 @@ class Planner:
         return rows
 
     def _weight_bytes(self, method: Method) -> int:
-        if method.quant_bits:
-            return simulated.module_bytes(self.info, method, [""])
-        return self.info.num_params * _dtype_bytes(method.dtype)
+        if not method.quant_bits:
+            return self.info.num_params * _dtype_bytes(method.dtype)
+        if method not in self._quantized_bytes:
+            self._quantized_bytes[method] = simulated.module_bytes(self.info, method, [""])
+        return self._quantized_bytes[method]
 
 
 def _dtype_bytes(dtype: str) -> int:
@@ -248,12 +265,9 @@ def make_plan(model: str, cards, workload: Workload, *, use_cache: bool = True, 
     cards = parse_spec(cards) if isinstance(cards, str) else list(cards)
     info = simulated.resolve(model)
     planner = Planner(info, cards, workload, use_cache=use_cache, progress=progress)
-    rows: list[Row] = []
-    for method in methods_for(cards):
-        if methods and method.key not in methods:
-            continue
-        for checkpointing in (False, True):
-            rows.extend(planner.rows_for(method, checkpointing))
+    cases = [(m, checkpointing, None) for m in methods_for(cards) if not methods or m.key in methods for checkpointing in (False, True)]
+    planner.prefetch(cases)
+    rows = [row for method, checkpointing, _ in cases for row in planner.rows_for(method, checkpointing)]
     best = choose(rows)
     plan = Plan(info, cards, workload, rows, best)
     if best is not None and search:
@@ -261,6 +275,7 @@ def make_plan(model: str, cards, workload: Workload, *, use_cache: bool = True, 
 
         def fits_with(**change):
             wl = dataclasses.replace(workload, **change)
+            planner.prefetch([(best.method, best.checkpointing, wl)])
             return next(r for r in planner.rows_for(best.method, best.checkpointing, wl) if r.placement == best.placement)
 
         plan.largest_batch = largest(lambda b: fits_with(batch=b), workload.batch, limit=4096)

@@ -225,6 +225,9 @@ def _cache_dir() -> Path:
 
 
 _FINGERPRINT: list[str] = []
+# Part of every cache key with the engine's source and quantized.py: bump it when what ``_run`` builds or
+# measures changes (this file's other edits, e.g. scheduling, keep the cache).
+RESULT_FORMAT = 1
 
 
 def _engine_fingerprint() -> str:
@@ -232,11 +235,9 @@ def _engine_fingerprint() -> str:
         import gpudoctor.simulate as simulate_pkg
         from gpudoctor.check import versions
 
-        digest = hashlib.sha256()
-        for folder, pattern in ((Path(simulate_pkg.__file__).parent, "*.py"), (Path(__file__).parent, "*.py")):
-            for path in sorted(folder.glob(pattern)):
-                if path.name in ("simulated.py", "quantized.py") or folder.name == "simulate":
-                    digest.update(path.read_bytes())
+        digest = hashlib.sha256(f"format={RESULT_FORMAT}".encode())
+        for path in [*sorted(Path(simulate_pkg.__file__).parent.glob("*.py")), Path(__file__).with_name("quantized.py")]:
+            digest.update(path.read_bytes())
         for lib in ("torch", "transformers", "peft", "accelerate"):
             digest.update(f"{lib}={versions.installed(lib)}".encode())
         _FINGERPRINT.append(digest.hexdigest()[:16])
@@ -250,28 +251,84 @@ def simulate(info: ModelInfo, method: Method, workload: Workload, checkpointing:
     ``layers``: decoder layers per device of a reduced copy (``(k,)`` one card, ``(k, k, k)`` first /
     middle / last device of a pipeline), with ``device_map`` giving where the other modules go
     (``{name: role index}``); ``None``: the whole model, on one card or on ``device_map``.
-    Returns ``{"devices": [{numbers, "breakdown": {category: bytes}}], "oom": ...}``.
+    Returns ``{"devices": [{numbers, "breakdown": {category: bytes}}], "trainable_bytes": ...}``.
     """
+    args = (info, method, workload, checkpointing, card, layers, device_map)
+    key = request_key(*args)
+    result = _FAILED.get(key) or _FRESH.get(key) or (_load(key) if use_cache else None)
+    if result is None:
+        result = _run_isolated(*args)
+        _keep(key, result, use_cache)
+    if "error" in result:
+        raise SimulationFailed(result["error"])
+    return result
+
+
+def prefetch(requests: list[tuple], jobs: int | None = None, use_cache: bool = True, progress=None) -> None:
+    """Run the simulations ``simulate`` would run for ``requests`` (its argument tuples), ``jobs`` at a time
+    (default: the number of cores), each in its own forked child."""
+    from multiprocessing.connection import wait
+
+    jobs = jobs or os.cpu_count() or 1
+    pending, seen = [], set()
+    for args in requests:
+        key = request_key(*args)
+        if key not in seen and key not in _FAILED and key not in _FRESH and not (use_cache and _load(key) is not None):
+            seen.add(key)
+            pending.append((key, args))
+    total, running = len(pending), {}
+    while pending or running:
+        while pending and len(running) < jobs:
+            key, args = pending.pop(0)
+            receive, child = _launch(args)
+            running[receive] = (key, args, child)
+        for receive in wait(list(running)):
+            key, args, child = running.pop(receive)
+            result = _collect(receive, child)
+            if _fork_refused(result):
+                pending.append((key, args))
+                continue
+            _keep(key, result, use_cache)
+            if progress:
+                progress(f"simulated {total - len(pending) - len(running)}/{total}")
+
+
+_FAILED: dict[str, dict] = {}  # failures are not cached on disk (a fixed engine should get another try)
+
+
+def request_key(info, method, workload, checkpointing, card, layers, device_map) -> str:
     key_data = {"engine": _engine_fingerprint(), "config": info.config_key(), "method": dataclasses.asdict(method),
                 "workload": dataclasses.asdict(workload), "checkpointing": checkpointing, "context": card.context,
                 "layers": layers, "device_map": device_map}
-    key = hashlib.sha256(json.dumps(key_data, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    return hashlib.sha256(json.dumps(key_data, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _load(key: str) -> dict | None:
     path = _cache_dir() / f"{key}.json"
-    if use_cache and path.exists():
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            pass
-    result = _run_isolated(info, method, workload, checkpointing, card, layers, device_map)
-    if use_cache:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(result))
-            tmp.replace(path)
-        except OSError:
-            pass
-    return result
+    try:
+        return json.loads(path.read_text()) if path.exists() else None
+    except (OSError, ValueError):
+        return None
+
+
+def _keep(key: str, result: dict, use_cache: bool) -> None:
+    if "error" in result:
+        _FAILED[key] = result
+        return
+    if not use_cache:
+        _FRESH[key] = result
+        return
+    path = _cache_dir() / f"{key}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(result))
+        tmp.replace(path)
+    except OSError:
+        _FRESH[key] = result
+
+
+_FRESH: dict[str, dict] = {}  # results of this process when the disk cache is off or not writable
 
 
 class SimulationFailed(RuntimeError):
@@ -279,23 +336,44 @@ class SimulationFailed(RuntimeError):
 
 
 def _run_isolated(*args) -> dict:
-    """``_run`` in a forked child: the engine's global patches stay out of this process, and an engine
+    """``_run`` in a child process: the engine's global patches stay out of this process, and an engine
     failure (an exception inside autograd on the virtual backend aborts the process) costs one case."""
+    while True:
+        result = _collect(*_launch(args))
+        if not _fork_refused(result):
+            return result
+
+
+_START = ["fork"]  # fork: no second import of torch; spawn once this process has run autograd itself
+
+
+def _launch(args):
     import multiprocessing
 
-    context = multiprocessing.get_context("fork")
+    context = multiprocessing.get_context(_START[0])
     receive, send = context.Pipe(duplex=False)
     child = context.Process(target=_child, args=(send, args))
     child.start()
     send.close()
+    return receive, child
+
+
+def _collect(receive, child) -> dict:
     try:
         result = receive.recv()
     except EOFError:
-        result = {"error": f"the simulation stopped without a result (exit code {child.join() or child.exitcode})"}
+        result = None
     child.join()
-    if "error" in result:
-        raise SimulationFailed(result["error"])
-    return result
+    return result or {"error": f"the simulation stopped without a result (exit code {child.exitcode})"}
+
+
+def _fork_refused(result: dict) -> bool:
+    """torch refuses autograd in a child forked from a process that ran autograd (e.g. a test that called
+    the engine directly): switch to spawned children and run the case again."""
+    if "autograd's threading" in result.get("error", "") and _START[0] == "fork":
+        _START[0] = "spawn"
+        return True
+    return False
 
 
 def _child(send, args) -> None:
