@@ -377,7 +377,13 @@ def _fork_refused(result: dict) -> bool:
 
 
 def _child(send, args) -> None:
+    import warnings
+
+    warnings.simplefilter("ignore")  # library deprecation chatter from a simulated step is not the user's
     try:
+        from transformers.utils import logging
+
+        logging.set_verbosity_error()
         result = _run(*args)
     except BaseException as exc:  # reported to the parent, which says which case failed
         result = {"error": f"{type(exc).__name__}: {exc}"}
