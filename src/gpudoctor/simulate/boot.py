@@ -49,6 +49,7 @@ def start() -> None:
             # what stopped the simulation, said once, at the user's line: no gpudoctor frames
             tb = _user_frames_only(tb)
             exc.__traceback__ = tb
+            exc.__cause__, exc.__suppress_context__ = None, True
         try:
             exc.args = tuple(to_user(a) if isinstance(a, str) else a for a in exc.args)
         except Exception:

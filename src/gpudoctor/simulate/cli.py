@@ -76,6 +76,11 @@ def render_simulation(merged: dict, console=None) -> None:
                       _gib(at_peak.get("optimizer_state", 0)),
                       _gib(at_peak.get("activations", 0) + at_peak.get("temporaries", 0) + at_peak.get("other", 0)))
     console.print(table)
+    for row in sim.get("devices", []):
+        phases = row.get("phase_peaks") or {}
+        if phases:
+            text = ", ".join(f"{name} {_gib(p['allocated'])}" for name, p in phases.items() if p.get("allocated"))
+            console.print(f"  {row['device']} peak allocated by phase: {text}")
     for line in sim.get("weights", []):
         console.print(f"  weights: {line}")
     if sim.get("stand_ins"):

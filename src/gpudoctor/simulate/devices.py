@@ -100,6 +100,8 @@ class DeviceTranslation(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.device:  # torch.device("cuda") stays cuda (accelerate checks .type); uses translate it
+            return func(*args, **kwargs)
         if "device" in kwargs:
             device = kwargs["device"]
             kwargs = dict(kwargs, device=f"{BACKEND}:{device}" if isinstance(device, int) and not isinstance(device, bool) else translate(device))

@@ -13,9 +13,10 @@
   byte, so texts are several times longer than with the real vocabulary; padding/truncation to a fixed
   ``max_length`` are exact).
 
+* ``quantization_config=BitsAndBytesConfig(load_in_4bit/8bit=True)``: :mod:`gpudoctor.simulate.quant`.
+
 Not supported: models that need ``trust_remote_code`` and are not cached (ChatGLM-6B's code is on the
-Hub only, so its architecture cannot be built offline; a clear error says so), bitsandbytes loads
-(the ``quantization_config`` is refused with an explanation rather than simulated wrongly).
+Hub only, so its architecture cannot be built offline; a clear error says so), other quantizers.
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ def safetensors_dtypes(folder: str) -> dict[str, torch.dtype]:
 def _local_folder(name: str) -> str | None:
     if os.path.isdir(name):
         return name
-    try:
-        from huggingface_hub import snapshot_download
+    try:  # the module's own function: huggingface_hub.snapshot_download is patched during a simulation
+        from huggingface_hub._snapshot_download import snapshot_download
 
         return snapshot_download(name, local_files_only=True)
     except Exception:
@@ -122,9 +123,10 @@ def _resolve_dtype(dtype, config, folder) -> torch.dtype:
 
 def build(model_cls, name, sim, *, auto: bool, **kwargs):
     """The simulated ``from_pretrained``."""
-    if kwargs.get("quantization_config") is not None or kwargs.get("load_in_8bit") or kwargs.get("load_in_4bit"):
-        raise NotSimulable("bitsandbytes quantized loads are not simulated yet (gpudoctor would have to invent the "
-                           "storage layout); simulate the bf16/fp16 load instead, or run on a GPU")
+    quantization = kwargs.pop("quantization_config", None)
+    if quantization is not None and getattr(quantization, "quant_method", None) not in ("bitsandbytes", None) and \
+            not (getattr(quantization, "load_in_4bit", False) or getattr(quantization, "load_in_8bit", False)):
+        raise NotSimulable(f"{type(quantization).__name__} loads are not simulated (only bitsandbytes 8/4-bit are)")
     config = kwargs.pop("config", None)
     trust = bool(kwargs.pop("trust_remote_code", False))
     dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None)
@@ -146,6 +148,10 @@ def build(model_cls, name, sim, *, auto: bool, **kwargs):
     with no_init_weights():
         model = model_cls._from_config(config, dtype=dtype)
     model.tie_weights()  # from_pretrained ties embeddings after loading; _from_config under no_init_weights does not
+    if quantization is not None:
+        from gpudoctor.simulate.quant import quantize
+
+        sim.weights_source.append(quantize(model, quantization))
     model.eval()
     model.name_or_path = str(name)
     sim.weights_source.append(f"{source}; {dtype}".replace("torch.", ""))

@@ -170,6 +170,11 @@ class Simulation:
             self._set(torch.cuda, name, value)
             if hasattr(torch.cuda.memory, name):
                 self._set(torch.cuda.memory, name, value)
+        # torch.accelerator answers "gpu" (the backend) by itself; scripts and accelerate must see "cuda"
+        if hasattr(torch, "accelerator"):
+            self._set(torch.accelerator, "current_accelerator", lambda check_available=False: torch.device("cuda"))
+            self._set(torch.accelerator, "is_available", lambda: True)
+            self._set(torch.accelerator, "device_count", lambda: len(self.cards))
         self._set(torch.Tensor, "is_cuda", property(lambda t: t.device.type in ("cuda", devices.BACKEND)))
         self._set(nn.Module, "_apply", _apply_replacing_fake)
         original_to, original_cuda = nn.Module.to, nn.Module.cuda

@@ -94,7 +94,7 @@ class AllocationTracker(TorchDispatchMode):
         except torch._subclasses.fake_tensor.DataDependentOutputException:
             if func is aten._local_scalar_dense.default:
                 return self._scalar_stand_in(args[0])
-            raise DataDependent(f"{func.overloadpacket.__name__} needs the tensor's values, which a simulated run does not have")
+            raise DataDependent(f"{func.overloadpacket.__name__} needs the tensor's values, which a simulated run does not have") from None
         except torch._subclasses.fake_tensor.DynamicOutputShapeException:
             out = self._shape_stand_in(func, args, kwargs)
         for tensor in _tensors_in(out):

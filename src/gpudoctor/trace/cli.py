@@ -28,7 +28,7 @@ options:
 
 
 def parse(argv: list[str]) -> tuple[dict, list[str]] | None:
-    opts = {"json": None, "deep": False, "quiet": False, "check": True, "simulate": None, "steps": None, "list_gpus": False}
+    opts = {"json": None, "deep": False, "quiet": False, "check": True}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -47,9 +47,7 @@ def parse(argv: list[str]) -> tuple[dict, list[str]] | None:
             opts[key] = arg.split("=", 1)[1] if "=" in arg else argv[i + 1]
             i += 1 if "=" in arg else 2
             continue
-        if arg == "--list-gpus":
-            opts["list_gpus"] = True
-        elif arg.startswith("--json="):
+        if arg.startswith("--json="):
             opts["json"] = arg.split("=", 1)[1]
         elif arg == "--deep":
             opts["deep"] = True
@@ -85,10 +83,10 @@ def main(argv: list[str]) -> int:
     if command[0] == sys.executable and len(command) > 1 and command[1] != "-m" and not os.path.exists(command[1]):
         sys.stderr.write(f"gpudoctor trace: no such script: {command[1]}\n")
         return 2
-    if opts["simulate"]:
+    if opts.get("simulate"):
         from gpudoctor.simulate.cli import prepare
 
-        error = prepare(opts["simulate"], opts["steps"])
+        error = prepare(opts["simulate"], opts.get("steps"))
         if error:
             sys.stderr.write(error + "\n")
             return 2
@@ -97,7 +95,7 @@ def main(argv: list[str]) -> int:
 
     code, reports = run_traced(command, deep=opts["deep"])
     merged = merge(reports, command=command, exit_code=code)
-    if opts["simulate"]:
+    if opts.get("simulate"):
         from gpudoctor.simulate.cli import finish
 
         merged = finish(merged)
@@ -108,7 +106,7 @@ def main(argv: list[str]) -> int:
             write_json(merged, opts["json"])
         if not opts["quiet"]:
             render(merged)
-            if opts["simulate"]:
+            if opts.get("simulate"):
                 from gpudoctor.simulate.cli import render_simulation
 
                 render_simulation(merged)

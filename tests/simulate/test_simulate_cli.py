@@ -113,3 +113,12 @@ def test_script_that_needs_values_stops_with_an_explanation(tmp_path):
     traceback = proc.stderr.split("gpudoctor trace")[0]
     assert "gpudoctor --simulate stopped at" in traceback and "no values" in traceback
     assert "gpudoctor/simulate" not in traceback
+
+
+@pytest.mark.slow
+def test_seed003_trainer_fixed_twin_fits_with_fp16_amp(tmp_path):
+    _medical_dialogs(tmp_path)
+    script = (SEEDS / "seed003_accelerate_trainer.fixed.py").read_text()
+    proc, report = _trace(tmp_path, script, "--simulate", "6x3070Ti", name="seed003_trainer_fixed.py")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report["simulated"]["verdict"]["fits"] is True and report["simulated"]["optimizer_steps"] == 2

@@ -107,3 +107,20 @@ def test_oom_in_backward_is_raised_by_backward():
         with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate 64.00 MiB"):
             loss.backward()  # the gradients (another 320 MiB) do not fit in the ~540 MiB usable
         assert sim.summary()["devices"][0]["phase_peaks"]["backward"]["allocated"] > 320 * MiB
+
+
+def test_bitsandbytes_4bit_storage_by_arithmetic():
+    from types import SimpleNamespace
+
+    from gpudoctor.simulate.quant import quantize
+
+    with Simulation("1x8GB"):
+        model = nn.Sequential(nn.Linear(4096, 4096, bias=False), nn.Linear(4096, 4096, bias=False))
+        config = SimpleNamespace(load_in_4bit=True, bnb_4bit_use_double_quant=False, bnb_4bit_compute_dtype=torch.float16)
+        assert "4-bit" in quantize(model, config)
+        model.cuda()
+        n = 4096 * 4096
+        assert torch.cuda.memory_allocated() == 2 * (n // 2 + (n // 64) * 4)  # packed nibbles + fp32 absmax per 64
+        out = model(torch.randn(2, 4096, device="cuda", requires_grad=True))
+        assert out.dtype == torch.float32  # computed in fp16, returned in the input's dtype
+        out.sum().backward()
