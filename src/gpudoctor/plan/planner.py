@@ -4,8 +4,8 @@
 * **device_map**: accelerate's balanced map over all cards in one process, simulated per device.
 * **DDP**: one full copy per card, each with its own batch: the 1-GPU simulation plus DDP's gradient
   buckets (a flat copy of the trainable gradients, ``gradient_as_bucket_view=False``, the default).
-* **FSDP / ZeRO-3**: weights, gradients and optimizer state of the 1-GPU simulation divided by the number
-  of cards, plus the two decoder layers FSDP gathers at a time (the current one and the prefetched
+* **FSDP / ZeRO-3**: weights, gradients and AdamW's moments (bytes of the simulated model's parameters)
+  divided by the number of cards, plus the two decoder layers FSDP gathers at a time (the current one and the prefetched
   next), plus the rest of the 1-GPU peak (activations, temporaries) unchanged. Not for quantized bases.
 
 Every number is the engine's (or arithmetic on the engine's categories, named in ``source``);
@@ -178,7 +178,9 @@ class Planner:
                                 n * weight_bytes, 0, f"{source} + DDP gradient buckets"))
             if "FSDP" in placements:
                 layer_bytes = self.info.layer_params * _dtype_bytes(method.dtype)
-                rows.append(Row(method, checkpointing, "FSDP", [fsdp_peaks(one, n, layer_bytes)] * n, usable,
+                # AdamW keeps two moments shaped and typed like each trainable parameter, gradients one more
+                state = weight_bytes + 3 * trainable
+                rows.append(Row(method, checkpointing, "FSDP", [fsdp_peaks(one, n, layer_bytes, state)] * n, usable,
                                 weight_bytes, 0, f"{source}; state / {n} + 2 gathered layers"))
         if "device_map" in placements:
             try:
@@ -216,15 +218,15 @@ def ddp_peaks(one: dict, trainable_bytes: int) -> dict:
     return {"peak_allocated": one["peak_allocated"] + bucket, "peak_reserved": one["peak_reserved"] + bucket, "breakdown": breakdown}
 
 
-def fsdp_peaks(one: dict, n: int, layer_bytes: int) -> dict:
-    """One card of FSDP / ZeRO-3 from the 1-GPU peak: state sharded n ways, two full layers gathered."""
+def fsdp_peaks(one: dict, n: int, layer_bytes: int, state_bytes: int) -> dict:
+    """One card of FSDP / ZeRO-3 from the 1-GPU peak: ``state_bytes`` (weights, gradients and AdamW's two
+    moments, all resident at the 1-GPU peak) sharded n ways, two full layers gathered."""
+    state = min(state_bytes, one["peak_allocated"])
+    gathered = _round_segment(2 * layer_bytes)
+    change = -state + -(-state // n) + gathered
     breakdown = dict(one["breakdown"])
-    state = ("weights", "gradients", "optimizer_state")
-    before = sum(breakdown.get(c, 0) for c in state)
-    for c in state:
-        breakdown[c] = -(-breakdown.get(c, 0) // n)
-    breakdown["weights"] += _round_segment(2 * layer_bytes)
-    change = sum(breakdown[c] for c in state) - before
+    breakdown["sharded_state"] = -(-state // n)
+    breakdown["gathered_layers"] = gathered
     return {"peak_allocated": one["peak_allocated"] + change, "peak_reserved": one["peak_reserved"] + change,
             "breakdown": breakdown}
 

@@ -55,17 +55,18 @@ def test_ddp_is_one_gpu_plus_a_bucket_of_the_trainable_gradients(tiny_model):
 def test_fsdp_shards_state_and_gathers_two_layers():
     one = {"peak_allocated": 1000, "peak_reserved": 1100,
            "breakdown": {"weights": 400, "gradients": 200, "optimizer_state": 300, "activations": 100}}
-    sharded = fsdp_peaks(one, 4, layer_bytes=0)
-    assert sharded["peak_allocated"] == 1000 - 900 + 100 + 50 + 75
+    sharded = fsdp_peaks(one, 4, layer_bytes=0, state_bytes=900)
+    assert sharded["peak_allocated"] == 1000 - 900 + 225
     assert sharded["peak_reserved"] - sharded["peak_allocated"] == 100
-    gathered = fsdp_peaks(one, 1, layer_bytes=3 << 20)
+    gathered = fsdp_peaks(one, 1, layer_bytes=3 << 20, state_bytes=900)
     assert gathered["peak_allocated"] == 1000 + (6 << 20)
+    assert fsdp_peaks(one, 2, 0, state_bytes=5000)["peak_allocated"] == 500  # never more state than the peak
     assert ddp_peaks(one, 1)["peak_allocated"] == 1000 + (2 << 20)
 
 
 @pytest.mark.slow
 def test_pipeline_rows_are_the_engines_per_device_peaks(tmp_path):
-    from conftest import WIDE, write_config
+    from plan_models import WIDE, write_config
 
     model = write_config(tmp_path / "wide8", {**WIDE, "num_hidden_layers": 8})
     cards = parse_spec("3x3070Ti")
