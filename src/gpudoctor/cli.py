@@ -1,6 +1,6 @@
-"""The one entry point: ``gpudoctor check | rule | trace | reference-train | demo | clean``.
+"""The one entry point: ``gpudoctor check | rule | trace | plan | reference-train | demo | clean``.
 
-``check`` and ``rule`` never import torch or a Hugging Face library; ``trace``, ``reference-train``
+``check`` and ``rule`` never import torch or a Hugging Face library; ``trace``, ``plan``, ``reference-train``
 and ``demo`` import them lazily.
 """
 
@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("trace", help="run a program under the runtime probe (see `gpudoctor trace --help`)", add_help=False)
     sub.add_parser("reference-train", help="run the reference LoRA trainer (see `gpudoctor reference-train --help`)", add_help=False)
     sub.add_parser("demo", help="show check, trace and the reference trainer on bundled examples", add_help=False)
+    sub.add_parser("plan", help="what fits on these GPUs, and the least change that makes it fit (see `gpudoctor plan --help`)",
+                   add_help=False)
     return parser
 
 
@@ -75,6 +77,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from gpudoctor.reference.cli import main as reference_main
 
         return reference_main(argv[1:])
+    if argv and argv[0] == "plan":
+        from gpudoctor.plan.cli import main as plan_main
+
+        return plan_main(argv[1:])
     if argv and argv[0] == "demo":
         from gpudoctor.demo import main as demo_main
 

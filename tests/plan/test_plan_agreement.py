@@ -1,0 +1,81 @@
+"""Every number ``plan`` prints agrees with the simulation engine on the same case."""
+
+import pytest
+
+from gpudoctor.plan import simulated
+from gpudoctor.plan.planner import Planner, ddp_peaks, fsdp_peaks
+from gpudoctor.plan.simulated import Workload
+from gpudoctor.plan.strategies import methods_for
+from gpudoctor.simulate import simulate_step
+from gpudoctor.simulate.cards import parse_spec
+
+WORKLOAD = Workload(batch=2, seq=128, lora_r=8, lora_alpha=16)
+
+
+def _method(cards, key):
+    return {m.key: m for m in methods_for(cards)}[key]
+
+
+def _engine_peak(model, spec, method, checkpointing=False, **kwargs):
+    out = simulate_step(model, spec, batch=WORKLOAD.batch, seq=WORKLOAD.seq, dtype=method.dtype,
+                        lora=WORKLOAD.lora_kwargs() if method.lora else None, autocast=method.autocast,
+                        gradient_checkpointing=checkpointing, **kwargs)
+    return out
+
+
+@pytest.mark.parametrize("key", ["lora", pytest.param("full-bf16", marks=pytest.mark.slow)])
+def test_one_gpu_row_is_the_engines_peak(wide_model, key):
+    cards = parse_spec("1x3070Ti")
+    method = _method(cards, key)
+    info = simulated.resolve(wide_model)
+    row = Planner(info, cards, WORKLOAD).rows_for(method, False)[0]
+    engine = _engine_peak(wide_model, "1xH200", method)["devices"][0]  # a card the step fits on: the whole peak
+    assert row.source == "simulated, by layer"
+    assert row.peak_allocated == pytest.approx(engine["peak_allocated"], rel=0.01)
+    assert row.peak == pytest.approx(engine["peak_reserved"], rel=0.03)
+    on_card = _engine_peak(wide_model, "1x3070Ti", method)
+    assert row.fits == on_card["fits"]
+
+
+def test_ddp_is_one_gpu_plus_a_bucket_of_the_trainable_gradients(tiny_model):
+    from peft import LoraConfig, get_peft_model
+
+    cards = parse_spec("2x3070Ti")
+    method = _method(cards, "lora")
+    info = simulated.resolve(tiny_model)
+    rows = {r.placement: r for r in Planner(info, cards, WORKLOAD).rows_for(method, False)}
+    meta = simulated._meta_model(info.config, method.dtype)
+    peft_model = get_peft_model(meta, LoraConfig(task_type="CAUSAL_LM", **WORKLOAD.lora_kwargs()))
+    trainable = sum(p.numel() * p.element_size() for p in peft_model.parameters() if p.requires_grad)
+    bucket = -(-trainable // (2 << 20)) * (2 << 20)
+    assert rows["DDP"].peak - rows["1 GPU"].peak == bucket
+    assert rows["DDP"].cpu_ram == 2 * info.num_params * 2  # each process loads a bf16 copy
+
+
+def test_fsdp_shards_state_and_gathers_two_layers():
+    one = {"peak_allocated": 1000, "peak_reserved": 1100,
+           "breakdown": {"weights": 400, "gradients": 200, "optimizer_state": 300, "activations": 100}}
+    sharded = fsdp_peaks(one, 4, layer_bytes=0, state_bytes=900)
+    assert sharded["peak_allocated"] == 1000 - 900 + 225
+    assert sharded["peak_reserved"] - sharded["peak_allocated"] == 100
+    gathered = fsdp_peaks(one, 1, layer_bytes=3 << 20, state_bytes=900)
+    assert gathered["peak_allocated"] == 1000 + (6 << 20)
+    assert fsdp_peaks(one, 2, 0, state_bytes=5000)["peak_allocated"] == 500  # never more state than the peak
+    assert ddp_peaks(one, 1)["peak_allocated"] == 1000 + (2 << 20)
+
+
+@pytest.mark.slow
+def test_pipeline_rows_are_the_engines_per_device_peaks(tmp_path):
+    from plan_models import WIDE, write_config
+
+    model = write_config(tmp_path / "wide8", {**WIDE, "num_hidden_layers": 8})
+    cards = parse_spec("3x3070Ti")
+    method = _method(cards, "lora")
+    info = simulated.resolve(model)
+    planner = Planner(info, cards, WORKLOAD)
+    row = next(r for r in planner.rows_for(method, False) if r.placement == "device_map")
+    assert row.source == "simulated per device, by layer"
+    engine = _engine_peak(model, "3x3070Ti", method, device_map="auto")
+    assert engine["fits"] and row.fits
+    for ours, theirs in zip(row.devices, engine["devices"]):
+        assert ours["peak_allocated"] == pytest.approx(theirs["peak_allocated"], rel=0.02)

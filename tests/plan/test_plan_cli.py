@@ -1,0 +1,23 @@
+import json
+
+from gpudoctor.cli import main
+
+
+def test_json_plan_of_a_small_model(tiny_model, capsys):
+    assert main(["plan", tiny_model, "--gpus", "2xT4", "--batch", "2", "--seq", "64", "--methods", "lora",
+                 "--no-search", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    placements = [(r["placement"], r["gradient_checkpointing"]) for r in out["rows"]]
+    assert placements == [(p, c) for c in (False, True) for p in ("1 GPU", "device_map", "DDP", "FSDP")]
+    assert out["cards"] == ["T4", "T4"] and out["rows"][0]["method_label"] == "LoRA (fp16 base)"  # T4: no bf16
+    assert all(r["fits"] for r in out["rows"])
+    best = out["recommended"]
+    assert (best["method"], best["placement"], best["gradient_checkpointing"]) == ("lora", "1 GPU", False)
+    assert "get_peft_model" in out["code"] and out["recommendation"].startswith("Train LoRA (fp16 base) on one GPU")
+
+
+def test_unknown_card_and_unbuildable_model_are_clear_errors(capsys):
+    assert main(["plan", "gpt2", "--gpus", "2xT5"]) == 2
+    assert "unknown GPU" in capsys.readouterr().err
+    assert main(["plan", "THUDM/chatglm-6b", "--gpus", "2xT4"]) == 2
+    assert "cannot build ChatGLM" in capsys.readouterr().err

@@ -1,0 +1,34 @@
+from types import SimpleNamespace
+
+import pytest
+
+from gpudoctor.plan.search import largest
+
+
+def rows(peak_of, usable):
+    probes = []
+
+    def row_at(x):
+        probes.append(x)
+        peak = peak_of(x)
+        return SimpleNamespace(peak=peak, usable=[usable], fullest=0, fits=peak <= usable)
+
+    return row_at, probes
+
+
+@pytest.mark.parametrize("start", [1, 4, 100, 500])
+def test_finds_the_boundary_of_a_linear_peak(start):
+    row_at, probes = rows(lambda b: 1000 + 37 * b, 10_000)  # fits up to b = 243
+    assert largest(row_at, start, limit=4096) == 243
+    assert 243 in probes and 244 in probes
+    assert len(probes) <= 8
+
+
+def test_superlinear_peak_still_exact():
+    row_at, probes = rows(lambda s: 500 + s * s // 10, 1_000_000)  # fits up to s = 3161
+    assert largest(row_at, 512, limit=32768) == 3161
+
+
+def test_nothing_fits_and_limit():
+    assert largest(rows(lambda b: 10 * b, 5)[0], 4, limit=64) is None
+    assert largest(rows(lambda b: b, 10**9)[0], 4, limit=64) == 64
