@@ -32,6 +32,7 @@ class UnpreparedObjectUsed(Rule):
     triggers = ("prepare",)
 
     def check(self, facts: FileFacts):
+        reported: set[int] = set()
         for site in facts.prepare_calls():
             outputs = [b for b in facts._bindings_of_value(site.node) if b.kind in ("unpack", "assign")]
             # ``prepared = accelerator.prepare(a, b)`` then ``a2, b2 = prepared``: the unpacking is the output.
@@ -48,9 +49,15 @@ class UnpreparedObjectUsed(Rule):
                     continue
                 source = site.node.args[index].value
                 kind = facts.value(source, site.order, site.scope).kind
-                yield from self._stale_uses(facts, site, binding, source, kind)
+                for finding in self._stale_uses(facts, site, binding, source, kind, outputs):
+                    if id(finding.node) not in reported:
+                        reported.add(id(finding.node))
+                        yield finding
 
-    def _stale_uses(self, facts: FileFacts, site: CallSite, out: Binding, source: cst.BaseExpression, kind: str) -> Iterator:
+    def _stale_uses(
+        self, facts: FileFacts, site: CallSite, out: Binding, source: cst.BaseExpression, kind: str,
+        outputs: list[Binding],
+    ) -> Iterator:
         prepared = out.key
         raw = name_key(source)
         prepared_used = bool(facts.loads_of(prepared, after=out.order))
@@ -66,6 +73,15 @@ class UnpreparedObjectUsed(Rule):
             if stale == raw and raw != prepared:
                 reason = f"`{raw}` was replaced by `{where}(...)`, which returned `{prepared}`"
             elif not prepared_used and stale_kind == kind and not facts.value(receiver).has(TRAIT_PREPARED):
+                reason = f"`{where}(...)` returned `{prepared}`, which is never used afterwards"
+            elif (
+                kind == "unknown" and not prepared_used and facts.value(receiver).kind == "unknown"
+                and not facts.value(receiver).has(TRAIT_PREPARED)
+                and stale not in self._prepared_arguments(facts)
+                and prepared == self._closest_unused(facts, outputs, stale)
+            ):
+                # A fragment: neither what was prepared nor what the loop uses is defined in the file, but prepare's
+                # output is dead while the loop trains with another object that never went through prepare.
                 reason = f"`{where}(...)` returned `{prepared}`, which is never used afterwards"
             else:
                 continue
@@ -94,6 +110,22 @@ class UnpreparedObjectUsed(Rule):
                             related=((site.node, f"`{where}(...)` returns the wrapped model as `{prepared}` here"),),
                         )
 
+    @staticmethod
+    def _prepared_arguments(facts: FileFacts) -> set[str]:
+        return {name_key(a.value) for site in facts.prepare_calls() for a in site.node.args} - {None}
+
+    @staticmethod
+    def _closest_unused(facts: FileFacts, outputs: list[Binding], stale: str) -> str:
+        """Among prepare's unused outputs, the one whose name shares the longest prefix with ``stale`` (so the
+        message names ``train_dataloader`` for ``train_dl`` and ``optimizer`` for ``optim``)."""
+        def shared(name: str) -> int:
+            n = 0
+            while n < min(len(name), len(stale)) and name[n] == stale[n]:
+                n += 1
+            return n
+        unused = [b.key for b in outputs if not facts.loads_of(b.key, after=b.order)]
+        return max(unused, key=shared) if unused else ""
+
     def _training_uses(self, facts: FileFacts, after: int, kind: str):
         """(node to report, stale key, inferred kind) for loader iterations and optimizer steps."""
         if kind in ("dataloader", "unknown"):
@@ -107,12 +139,13 @@ class UnpreparedObjectUsed(Rule):
                     yield iterated, iterated, key, "dataloader"
         if kind in ("optimizer", "unknown"):
             zeroed = {name_key(c.receiver) for c in facts.method_calls("zero_grad") if c.receiver is not None}
+            stepped = {name_key(c.receiver) for c in facts.method_calls("step") if c.receiver is not None}
             for call in facts.method_calls("step", "zero_grad"):
                 key = name_key(call.receiver) if call.receiver is not None else None
                 if call.order <= after or key is None:
                     continue
                 value_kind = facts.value(call.receiver, call.order, call.scope).kind
-                if value_kind == "optimizer" or (value_kind == "unknown" and key in zeroed and call.method == "step"):
+                if value_kind == "optimizer" or (value_kind == "unknown" and key in zeroed and key in stepped):
                     yield call.node, call.receiver, key, "optimizer"
 
     @staticmethod
