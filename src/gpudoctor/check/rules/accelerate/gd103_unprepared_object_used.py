@@ -34,6 +34,7 @@ class UnpreparedObjectUsed(Rule):
     def check(self, facts: FileFacts):
         reported: set[int] = set()
         for site in facts.prepare_calls():
+            yield from self._wrapped_loaders(facts, site)
             outputs = [b for b in facts._bindings_of_value(site.node) if b.kind in ("unpack", "assign")]
             # ``prepared = accelerator.prepare(a, b)`` then ``a2, b2 = prepared``: the unpacking is the output.
             for held in [b for b in outputs if b.kind == "assign" and len(site.node.args) > 1]:
@@ -109,6 +110,26 @@ class UnpreparedObjectUsed(Rule):
                             fix_hint=f"Call `{prepared}(...)`.",
                             related=((site.node, f"`{where}(...)` returns the wrapped model as `{prepared}` here"),),
                         )
+
+    def _wrapped_loaders(self, facts: FileFacts, site: CallSite) -> Iterator:
+        """``prepare(cycle(dl))``: prepare only converts DataLoader/Module/Optimizer/scheduler objects and hands
+        anything else back unchanged, so a generator over a DataLoader keeps feeding the raw loader."""
+        for arg in site.node.args:
+            wrapper = arg.value
+            if not isinstance(wrapper, (cst.Call, cst.GeneratorExp)):
+                continue
+            loader = facts.source_of(wrapper, site.order, site.scope)
+            if loader is wrapper or facts.value(loader, site.order, site.scope).kind != "dataloader":
+                continue
+            shown = snippet(facts, wrapper)
+            yield self.report(
+                wrapper,
+                f"`{snippet(facts, site.node.func)}(...)` hands `{shown}` back unchanged (it only converts DataLoader, "
+                f"model, optimizer and scheduler objects), so training iterates the raw `{snippet(facts, loader)}`: "
+                f"{_EFFECTS['dataloader']}.",
+                fix_hint=f"Prepare the DataLoader itself and wrap what prepare returns: `dl = {snippet(facts, site.node.func)}"
+                f"({snippet(facts, loader)})`, then iterate `{shown.replace(snippet(facts, loader), 'dl')}`.",
+            )
 
     @staticmethod
     def _prepared_arguments(facts: FileFacts) -> set[str]:
