@@ -34,10 +34,11 @@ class SchedulerNotPreparedWithAccumulation(Rule):
             key = name_key(site.receiver) if site.receiver is not None else None
             if key is None or key in prepared:
                 continue
-            binding = facts.binding_at(key, site.order, site.scope)
-            created = binding.value if binding is not None else None
+            # through temporaries and the file's own helpers (``sched = make_scheduler(opt)``)
+            created = facts.built_by(site.receiver, site.order, site.scope)
             if not isinstance(created, cst.Call):
                 continue
+            created_order, created_scope = facts._position_of(created)
             q = facts.qualname(created.func) or ""
             if not apis.is_scheduler(q) or facts.value(site.receiver, site.order, site.scope).kind != "scheduler":
                 continue
@@ -52,7 +53,7 @@ class SchedulerNotPreparedWithAccumulation(Rule):
             if steps is not None and steps <= 1:
                 continue
             length = _length_argument(created, q)
-            if length is None or not _counts_updates(facts, length, binding.order, binding.scope, steps_node):
+            if length is None or not _counts_updates(facts, length, created_order, created_scope, steps_node):
                 continue  # sized in micro-batches (or unknown): stepping every micro-batch then fits it
             n = snippet(facts, steps_node)
             acc = snippet(facts, accumulate.receiver)
