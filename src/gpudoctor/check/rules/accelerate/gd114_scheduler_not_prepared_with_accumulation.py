@@ -7,6 +7,7 @@ import libcst as cst
 
 from gpudoctor.check import apis
 from gpudoctor.check.facts import FileFacts, IfFrame, LoopFrame, WithFrame, call_arg, int_value, name_key
+from gpudoctor.check.facts.nodes import walk
 from gpudoctor.check.queries import accelerator_kwargs, snippet
 from gpudoctor.check.rule import Rule
 
@@ -118,7 +119,7 @@ def _counts_updates(facts: FileFacts, expr: cst.BaseExpression, order: int, scop
     if depth > 4 or expr is None:
         return False
     steps_text = facts.module.code_for_node(steps_node)
-    for node in _walk(expr):
+    for node in walk(expr):
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Divide, cst.FloorDivide)):
             divisor = facts.module.code_for_node(node.right)
             if "accumulation" in divisor or divisor == steps_text:
@@ -130,9 +131,3 @@ def _counts_updates(facts: FileFacts, expr: cst.BaseExpression, order: int, scop
                 if _counts_updates(facts, binding.value, binding.order, binding.scope, steps_node, depth + 1):
                     return True
     return False
-
-
-def _walk(node: cst.CSTNode):
-    yield node
-    for child in node.children:
-        yield from _walk(child)
