@@ -443,9 +443,12 @@ def placement(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: 
                 return "placed"
         if binding.order < site.order < order and site.qualname in apis.DISPATCH and name_key(call_arg(site.node, 0, "model")) == key:
             return "dispatched"
+    built = placement(facts, binding.value, binding.order, binding.scope, depth + 1)
+    if built in ("placed", "dispatched"):
+        return built  # already on a device: a helper it is handed to uses it there
     # Handed to something that may place it (a helper, accelerator.prepare, a Trainer...)
     for site in facts.calls:
         if binding.order < site.order < order and any(name_key(a.value) == key for a in site.node.args):
             if facts._same_namespace(site.scope, scope, key):
                 return None
-    return placement(facts, binding.value, binding.order, binding.scope, depth + 1)
+    return built
