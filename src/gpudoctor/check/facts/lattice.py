@@ -108,6 +108,12 @@ class ExpressionValues:
             return [s for s in self._functions_by_name.get(func.value, ()) if s.class_name is None or s.parent is self.module_scope]
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
             return [s for s in self._functions_by_name.get(func.attr.value, ()) if s.class_name and s.class_name == site.scope.class_name]
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+            # ``sampler = UniformSampler(n)`` ... ``sampler.sample(b)``: a method of an instance of the file's class
+            binding = self.binding_at(func.value.value, site.order, site.scope)
+            made = binding.value if binding is not None and binding.kind == "assign" else None
+            if isinstance(made, cst.Call) and isinstance(made.func, cst.Name) and made.func.value in self.classes:
+                return [s for s in self._functions_by_name.get(func.attr.value, ()) if s.class_name == made.func.value]
         return []
 
     def call_sites_of(self, scope: "Scope") -> list["CallSite"]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Iterator, Optional
 
@@ -16,6 +17,7 @@ from gpudoctor.check.facts.nodes import (
     is_true,
     name_key,
     string_value,
+    walk,
 )
 from gpudoctor.check.facts.records import (
     AttributeAssignSite,
@@ -24,6 +26,7 @@ from gpudoctor.check.facts.records import (
     CallSite,
     DictEntrySite,
     FunctionFrame,
+    IfFrame,
     LoopFrame,
     ReturnSite,
     Scope,
@@ -265,6 +268,13 @@ class FileFacts(ExpressionValues):
         key = name_key(node)
         if key is not None:
             binding = self.binding_at(key, order, scope)
+            if binding is not None and binding.kind == "param" and isinstance(binding.target, cst.Param):
+                # what the file's calls pass for the parameter, else its default (``device_map: str = "auto"``)
+                passed = self.param_argument(binding)
+                if passed is not None:
+                    return self.device_map(*passed)
+                if binding.target.default is not None:
+                    return self.device_map(binding.target.default, binding.order, binding.scope)
             if binding is None or binding.value is None or binding.kind not in ("assign",):
                 return DeviceMap("unknown", node=node)
             inner = self.device_map(binding.value, binding.order, binding.scope)
@@ -415,21 +425,87 @@ class FileFacts(ExpressionValues):
                 return Value("tuple", call, {"items": items, "at": (order, scope), TRAIT_PREPARED: site})
         return self._evaluate_other_call(call, q, order, scope, site)
 
+    def _kwargs_dicts(self, call: cst.Call, order: int, scope: Scope) -> Iterator[tuple[str, Binding]]:
+        """(name, its assignment) for each ``**name`` argument of ``call``."""
+        for arg in call.args:
+            key = name_key(arg.value) if arg.star == "**" else None
+            binding = self.binding_at(key, order, scope) if key is not None else None
+            if binding is not None and binding.kind == "assign":
+                yield key, binding
+
+    def keyword_argument(self, call: cst.Call, keyword: str, order: int, scope: Scope) -> Optional[cst.BaseExpression]:
+        """``call``'s ``keyword=`` argument, also when it comes in ``**kwargs`` from a dict the file builds:
+        ``kwargs = {"device_map": "auto"}`` or ``kwargs["device_map"] = "auto"`` before the call."""
+        found = call_arg(call, keyword=keyword)
+        if found is not None:
+            return found
+        for key, binding in self._kwargs_dicts(call, order, scope):
+            if isinstance(binding.value, cst.Dict):
+                for element in binding.value.elements:
+                    if isinstance(element, cst.DictElement) and string_value(element.key) == keyword:
+                        found = element.value
+            elif isinstance(binding.value, cst.Call) and dotted(binding.value.func) == "dict":
+                found = call_arg(binding.value, keyword=keyword)
+            for site in self.subscript_assigns:
+                if site.base_key == key and binding.order < site.order < order and len(site.target.slice) == 1:
+                    index = site.target.slice[0].slice
+                    if isinstance(index, cst.Index) and string_value(index.value) == keyword:
+                        found = site.value
+            if found is not None:
+                return found
+        return None
+
+    def keyword_conditions(self, call: cst.Call, order: int, scope: Scope) -> frozenset[str]:
+        """The names that decide what ``call``'s ``**kwargs`` dict holds: the parameters its values come from
+        (``{"device_map": device_map}``) and the tests of the ``if`` around ``kwargs["k"] = v``. Code guarded by
+        a test of one of them (``if device_map is None: model.to(device)``) is on another path."""
+        names: set[str] = set()
+        for key, binding in self._kwargs_dicts(call, order, scope):
+            if isinstance(binding.value, cst.Dict):
+                for element in binding.value.elements:
+                    if isinstance(element, cst.DictElement) and isinstance(element.value, cst.Name):
+                        source = self.binding_at(element.value.value, binding.order, binding.scope)
+                        if source is not None and source.kind == "param":
+                            names.add(element.value.value)
+            for site in self.subscript_assigns:
+                if site.base_key == key and binding.order < site.order < order:
+                    for frame in site.context:
+                        if isinstance(frame, IfFrame):
+                            names.update(n.value for n in walk(frame.test) if isinstance(n, cst.Name))
+        return frozenset(names)
+
+    def on_another_path(self, value: Value, context: tuple) -> bool:
+        """``value`` was loaded with ``**kwargs`` decided by some names, and ``context`` is under an ``if`` that
+        tests one of them: the finding's premise (the kwargs' content) may not hold there."""
+        names: set[str] = set()
+        current: Optional[Value] = value
+        while current is not None:
+            names |= current.traits.get("kwargs_conditions", frozenset())
+            current = current.base
+        return bool(names) and any(
+            isinstance(frame, IfFrame) and any(isinstance(n, cst.Name) and n.value in names for n in walk(frame.test))
+            for frame in context
+        )
+
     def _loaded_model(self, call, owner, method, order, scope, context) -> Value:
         traits: dict[str, Any] = {}
         if any(isinstance(f, WithFrame) and f.qualname in apis.INIT_EMPTY for f in context):
             traits[TRAIT_EMPTY] = call
-        traits.update(self._placement_traits(call, self.device_map(call_arg(call, keyword="device_map"), order, scope)))
+        keyword = functools.partial(self.keyword_argument, call, order=order, scope=scope)
+        traits.update(self._placement_traits(call, self.device_map(keyword("device_map"), order, scope)))
         for kw in ("load_in_8bit", "load_in_4bit"):
-            if is_true(call_arg(call, keyword=kw)):
+            if is_true(keyword(kw)):
                 traits[TRAIT_QUANTIZED] = call
-        qconfig = call_arg(call, keyword="quantization_config")
+        qconfig = keyword("quantization_config")
         if qconfig is not None and self._is_bnb_config(qconfig, order, scope):
             traits[TRAIT_QUANTIZED] = call
-        dtype = call_arg(call, keyword="dtype") or call_arg(call, keyword="torch_dtype")
+        dtype = keyword("dtype") or keyword("torch_dtype")
         if dtype is not None and self.qualname(dtype) in ("torch.float16", "torch.half"):
             traits[TRAIT_FP16] = dtype
         traits["class"] = owner
+        conditions = self.keyword_conditions(call, order, scope)
+        if conditions:
+            traits["kwargs_conditions"] = conditions
         return Value("model", call, traits)
 
     def _is_bnb_config(self, node, order, scope) -> bool:

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterator, Optional
 
 import libcst as cst
+
+
+def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """``node`` and every node below it, depth first."""
+    yield node
+    for child in node.children:
+        yield from walk(child)
 
 
 def call_arg(call: cst.Call, position: Optional[int] = None, keyword: Optional[str] = None):

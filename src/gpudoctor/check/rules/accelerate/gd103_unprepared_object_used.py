@@ -32,7 +32,9 @@ class UnpreparedObjectUsed(Rule):
     triggers = ("prepare",)
 
     def check(self, facts: FileFacts):
+        reported: set[int] = set()
         for site in facts.prepare_calls():
+            yield from self._wrapped_loaders(facts, site)
             outputs = [b for b in facts._bindings_of_value(site.node) if b.kind in ("unpack", "assign")]
             # ``prepared = accelerator.prepare(a, b)`` then ``a2, b2 = prepared``: the unpacking is the output.
             for held in [b for b in outputs if b.kind == "assign" and len(site.node.args) > 1]:
@@ -48,9 +50,15 @@ class UnpreparedObjectUsed(Rule):
                     continue
                 source = site.node.args[index].value
                 kind = facts.value(source, site.order, site.scope).kind
-                yield from self._stale_uses(facts, site, binding, source, kind)
+                for finding in self._stale_uses(facts, site, binding, source, kind, outputs):
+                    if id(finding.node) not in reported:
+                        reported.add(id(finding.node))
+                        yield finding
 
-    def _stale_uses(self, facts: FileFacts, site: CallSite, out: Binding, source: cst.BaseExpression, kind: str) -> Iterator:
+    def _stale_uses(
+        self, facts: FileFacts, site: CallSite, out: Binding, source: cst.BaseExpression, kind: str,
+        outputs: list[Binding],
+    ) -> Iterator:
         prepared = out.key
         raw = name_key(source)
         prepared_used = bool(facts.loads_of(prepared, after=out.order))
@@ -66,6 +74,15 @@ class UnpreparedObjectUsed(Rule):
             if stale == raw and raw != prepared:
                 reason = f"`{raw}` was replaced by `{where}(...)`, which returned `{prepared}`"
             elif not prepared_used and stale_kind == kind and not facts.value(receiver).has(TRAIT_PREPARED):
+                reason = f"`{where}(...)` returned `{prepared}`, which is never used afterwards"
+            elif (
+                kind == "unknown" and not prepared_used and facts.value(receiver).kind == "unknown"
+                and not facts.value(receiver).has(TRAIT_PREPARED)
+                and stale not in self._prepared_arguments(facts)
+                and prepared == self._closest_unused(facts, outputs, stale)
+            ):
+                # A fragment: neither what was prepared nor what the loop uses is defined in the file, but prepare's
+                # output is dead while the loop trains with another object that never went through prepare.
                 reason = f"`{where}(...)` returned `{prepared}`, which is never used afterwards"
             else:
                 continue
@@ -94,6 +111,42 @@ class UnpreparedObjectUsed(Rule):
                             related=((site.node, f"`{where}(...)` returns the wrapped model as `{prepared}` here"),),
                         )
 
+    def _wrapped_loaders(self, facts: FileFacts, site: CallSite) -> Iterator:
+        """``prepare(cycle(dl))``: prepare only converts DataLoader/Module/Optimizer/scheduler objects and hands
+        anything else back unchanged, so a generator over a DataLoader keeps feeding the raw loader."""
+        for arg in site.node.args:
+            wrapper = arg.value
+            if not isinstance(wrapper, (cst.Call, cst.GeneratorExp)):
+                continue
+            loader = facts.source_of(wrapper, site.order, site.scope)
+            if loader is wrapper or facts.value(loader, site.order, site.scope).kind != "dataloader":
+                continue
+            shown = snippet(facts, wrapper)
+            yield self.report(
+                wrapper,
+                f"`{snippet(facts, site.node.func)}(...)` hands `{shown}` back unchanged (it only converts DataLoader, "
+                f"model, optimizer and scheduler objects), so training iterates the raw `{snippet(facts, loader)}`: "
+                f"{_EFFECTS['dataloader']}.",
+                fix_hint=f"Prepare the DataLoader itself and wrap what prepare returns: `dl = {snippet(facts, site.node.func)}"
+                f"({snippet(facts, loader)})`, then iterate `{shown.replace(snippet(facts, loader), 'dl')}`.",
+            )
+
+    @staticmethod
+    def _prepared_arguments(facts: FileFacts) -> set[str]:
+        return {name_key(a.value) for site in facts.prepare_calls() for a in site.node.args} - {None}
+
+    @staticmethod
+    def _closest_unused(facts: FileFacts, outputs: list[Binding], stale: str) -> str:
+        """Among prepare's unused outputs, the one whose name shares the longest prefix with ``stale`` (so the
+        message names ``train_dataloader`` for ``train_dl`` and ``optimizer`` for ``optim``)."""
+        def shared(name: str) -> int:
+            n = 0
+            while n < min(len(name), len(stale)) and name[n] == stale[n]:
+                n += 1
+            return n
+        unused = [b.key for b in outputs if not facts.loads_of(b.key, after=b.order)]
+        return max(unused, key=shared) if unused else ""
+
     def _training_uses(self, facts: FileFacts, after: int, kind: str):
         """(node to report, stale key, inferred kind) for loader iterations and optimizer steps."""
         if kind in ("dataloader", "unknown"):
@@ -107,12 +160,13 @@ class UnpreparedObjectUsed(Rule):
                     yield iterated, iterated, key, "dataloader"
         if kind in ("optimizer", "unknown"):
             zeroed = {name_key(c.receiver) for c in facts.method_calls("zero_grad") if c.receiver is not None}
+            stepped = {name_key(c.receiver) for c in facts.method_calls("step") if c.receiver is not None}
             for call in facts.method_calls("step", "zero_grad"):
                 key = name_key(call.receiver) if call.receiver is not None else None
                 if call.order <= after or key is None:
                     continue
                 value_kind = facts.value(call.receiver, call.order, call.scope).kind
-                if value_kind == "optimizer" or (value_kind == "unknown" and key in zeroed and call.method == "step"):
+                if value_kind == "optimizer" or (value_kind == "unknown" and key in zeroed and key in stepped):
                     yield call.node, call.receiver, key, "optimizer"
 
     @staticmethod

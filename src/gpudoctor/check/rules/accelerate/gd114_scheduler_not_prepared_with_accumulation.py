@@ -7,6 +7,7 @@ import libcst as cst
 
 from gpudoctor.check import apis
 from gpudoctor.check.facts import FileFacts, IfFrame, LoopFrame, WithFrame, call_arg, int_value, name_key
+from gpudoctor.check.facts.nodes import walk
 from gpudoctor.check.queries import accelerator_kwargs, snippet
 from gpudoctor.check.rule import Rule
 
@@ -34,10 +35,11 @@ class SchedulerNotPreparedWithAccumulation(Rule):
             key = name_key(site.receiver) if site.receiver is not None else None
             if key is None or key in prepared:
                 continue
-            binding = facts.binding_at(key, site.order, site.scope)
-            created = binding.value if binding is not None else None
+            # through temporaries and the file's own helpers (``sched = make_scheduler(opt)``)
+            created = facts.built_by(site.receiver, site.order, site.scope)
             if not isinstance(created, cst.Call):
                 continue
+            created_order, created_scope = facts._position_of(created)
             q = facts.qualname(created.func) or ""
             if not apis.is_scheduler(q) or facts.value(site.receiver, site.order, site.scope).kind != "scheduler":
                 continue
@@ -52,7 +54,7 @@ class SchedulerNotPreparedWithAccumulation(Rule):
             if steps is not None and steps <= 1:
                 continue
             length = _length_argument(created, q)
-            if length is None or not _counts_updates(facts, length, binding.order, binding.scope, steps_node):
+            if length is None or not _counts_updates(facts, length, created_order, created_scope, steps_node):
                 continue  # sized in micro-batches (or unknown): stepping every micro-batch then fits it
             n = snippet(facts, steps_node)
             acc = snippet(facts, accumulate.receiver)
@@ -117,7 +119,7 @@ def _counts_updates(facts: FileFacts, expr: cst.BaseExpression, order: int, scop
     if depth > 4 or expr is None:
         return False
     steps_text = facts.module.code_for_node(steps_node)
-    for node in _walk(expr):
+    for node in walk(expr):
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Divide, cst.FloorDivide)):
             divisor = facts.module.code_for_node(node.right)
             if "accumulation" in divisor or divisor == steps_text:
@@ -129,9 +131,3 @@ def _counts_updates(facts: FileFacts, expr: cst.BaseExpression, order: int, scop
                 if _counts_updates(facts, binding.value, binding.order, binding.scope, steps_node, depth + 1):
                     return True
     return False
-
-
-def _walk(node: cst.CSTNode):
-    yield node
-    for child in node.children:
-        yield from _walk(child)

@@ -7,6 +7,7 @@ import libcst as cst
 
 from gpudoctor.check import apis, versions
 from gpudoctor.check.facts import FileFacts, call_arg, name_key
+from gpudoctor.check.facts.nodes import walk
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.data._common import code, subscript_key
@@ -62,27 +63,58 @@ class LmCollatorOverwritesLabels(Rule):
                 yield node, value
 
 
-def _masks(facts: FileFacts, value: cst.BaseExpression, order: int, scope) -> bool:
-    """The value masks a prefix itself, through the name it was built in, or by ``labels[:n] = -100``."""
-    if _MASKED.search(code(facts, value)):
+def _masks(facts: FileFacts, value: cst.BaseExpression, order: int, scope, depth: int = 0) -> bool:
+    """The value masks a prefix itself, through the names it was built in, or by ``labels[:n] = -100``."""
+    if depth > 4:
+        return False
+    if _MASKED.search(code(facts, value)) or _builds_mask(facts, value, order, scope):
         return True
     key = name_key(value)
     if key is None:
         return False
     binding = facts.binding_at(key, order, scope)
-    if binding is not None and binding.value is not None and _MASKED.search(code(facts, binding.value)):
-        return True
+    if binding is not None and binding.kind == "assign" and binding.value is not None:
+        if _masks(facts, binding.value, binding.order, binding.scope, depth + 1):
+            return True
     return any(
         s.scope is scope
         and s.order < order
         and name_key(s.target.value) == key
         and any(isinstance(element.slice, cst.Slice) for element in s.target.slice)
-        and _IGNORE_VALUE.match(code(facts, s.value))
+        and _is_ignore(facts, s.value, s.order, s.scope)
         for s in facts.subscript_assigns
     )
 
 
+def _builds_mask(facts: FileFacts, value: cst.BaseExpression, order: int, scope) -> bool:
+    """``[X] * n`` / ``n * [X]`` / ``torch.full(..., X)`` where X is the ignore index, also through a name
+    (``IGNORE = -100``, renamed or held in a temporary)."""
+    for node in walk(value):
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+            for side in (node.left, node.right):
+                if isinstance(side, cst.List) and len(side.elements) == 1 and _is_ignore(
+                    facts, side.elements[0].value, order, scope
+                ):
+                    return True
+        if isinstance(node, cst.Call) and re.search(r"full\w*$", code(facts, node.func)):
+            if any(_is_ignore(facts, a.value, order, scope) for a in node.args):
+                return True
+    return False
+
+
+def _is_ignore(facts: FileFacts, node: cst.BaseExpression, order: int, scope, depth: int = 0) -> bool:
+    if _IGNORE_VALUE.match(code(facts, node)):
+        return True
+    key = name_key(node) if isinstance(node, cst.Name) else None
+    if key is None or depth > 4:
+        return False
+    binding = facts.binding_at(key, order, scope)
+    return (
+        binding is not None and binding.kind == "assign" and binding.value is not None
+        and _is_ignore(facts, binding.value, binding.order, binding.scope, depth + 1)
+    )
+
+
+
 def _is_false(node: Optional[cst.BaseExpression]) -> bool:
     return isinstance(node, cst.Name) and node.value == "False"
-
-

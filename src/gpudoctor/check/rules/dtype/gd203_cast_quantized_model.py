@@ -73,6 +73,8 @@ class CastQuantizedModel(Rule):
             load = _quantized_load(value)
             if load is None:
                 continue
+            if facts.on_another_path(value, site.context):
+                continue  # under a test of what decided the loading kwargs (``if device_map is None:``)
             bits = self._bits(facts, load)
             if site.method in ("half", "float"):
                 message = _METHOD_MESSAGE.format(method=site.method)

@@ -89,7 +89,37 @@ def cpu_tensor(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope:
     binding = facts.assignment_of(node, order, scope)
     if binding is not None and not binding.key.startswith("self."):
         return cpu_tensor(facts, binding.value, binding.order, binding.scope, depth + 1)
+    if isinstance(node, cst.Call) and _own_function_call(facts, node):
+        returned = facts.built_by(node, order, scope)  # the file's own helper: what it returns
+        if returned is not None and returned is not node:
+            return cpu_tensor(facts, returned, *facts._position_of(returned), depth + 1)
     return None
+
+
+def _own_function_call(facts: FileFacts, call: cst.Call) -> bool:
+    site = facts.call_site(call)
+    return site is not None and site.qualname is None and bool(facts.callee_scopes(site))
+
+
+# numpy functions that return arrays of a given shape (not scalars).
+_NUMPY_ARRAYS = {"ones", "zeros", "empty", "full", "arange", "linspace", "eye", "triu", "tril", "stack", "concatenate",
+                 "load", "ones_like", "zeros_like", "meshgrid", "outer", "identity", "tile", "repeat"}
+
+
+def _numpy_array(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0) -> bool:
+    """``np.triu(np.ones(shape), k=1).astype("uint8")``, a name bound to one, or the file's own helper's
+    result: an array with a shape, so ``torch.from_numpy`` of it is no scalar."""
+    if node is None or depth > 4:
+        return False
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and facts.qualname(node.func) is None:
+        node = node.func.value  # .astype(...), .reshape(...)
+    if isinstance(node, cst.Call):
+        q = facts.qualname(node.func) or ""
+        if q.startswith("numpy.") and q.split(".")[-1] in _NUMPY_ARRAYS:
+            return True
+        return _own_function_call(facts, node)
+    binding = facts.assignment_of(node, order, scope)
+    return binding is not None and _numpy_array(facts, binding.value, binding.order, binding.scope, depth + 1)
 
 
 def is_scalar_tensor(facts: FileFacts, call: cst.Call) -> bool:
@@ -98,8 +128,9 @@ def is_scalar_tensor(facts: FileFacts, call: cst.Call) -> bool:
     if q in ("torch.tensor", "torch.as_tensor"):
         first = call_arg(call, 0, "data")
         return not isinstance(first, (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp))
-    if q == "torch.from_numpy":
-        return True  # numpy scalars/arrays: unknown rank, stay silent
+    if q == "torch.from_numpy":  # numpy scalars/arrays: unknown rank, silent unless the array has a shape
+        order, scope = facts._position_of(call)
+        return not _numpy_array(facts, call_arg(call, 0), order, scope)
     if q in ("torch.zeros", "torch.ones", "torch.empty", "torch.rand", "torch.randn"):
         first = call_arg(call, 0)
         if isinstance(first, cst.Tuple) and not first.elements:
@@ -228,6 +259,8 @@ def mixing_use(facts: FileFacts, node: cst.CSTNode, root: cst.CSTNode, depth: in
         if creation_qualname(facts, other):
             return None
         return parent
+    if isinstance(parent, cst.Subscript) and parent.value is child:
+        return mixing_use(facts, parent, root, depth + 1)  # a slice or index stays on the tensor's device
     if isinstance(parent, cst.Comparison):
         return None  # masks from comparisons: their use is followed elsewhere
     if isinstance(parent, cst.Arg):
@@ -410,9 +443,12 @@ def placement(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: 
                 return "placed"
         if binding.order < site.order < order and site.qualname in apis.DISPATCH and name_key(call_arg(site.node, 0, "model")) == key:
             return "dispatched"
+    built = placement(facts, binding.value, binding.order, binding.scope, depth + 1)
+    if built in ("placed", "dispatched"):
+        return built  # already on a device: a helper it is handed to uses it there
     # Handed to something that may place it (a helper, accelerator.prepare, a Trainer...)
     for site in facts.calls:
         if binding.order < site.order < order and any(name_key(a.value) == key for a in site.node.args):
             if facts._same_namespace(site.scope, scope, key):
                 return None
-    return placement(facts, binding.value, binding.order, binding.scope, depth + 1)
+    return built

@@ -69,12 +69,18 @@ class SecondModelInputsElsewhere(Rule):
         call = node
         order, scope = site.order, site.scope
         for _ in range(4):  # through temporaries: ``tmp = x.to(...)``; ``inputs = tmp``
+            while isinstance(call, cst.Subscript):
+                call = call.value  # ``batch["input_ids"]`` of a batch moved as a whole
             if name_key(call) is None:
                 break
             binding = facts.binding_at(name_key(call), order, scope)
             if binding is None or binding.kind != "assign":
                 return None
             call, order, scope = binding.value, binding.order, binding.scope
+            if isinstance(call, cst.DictComp):
+                call = call.value  # ``{k: v.to(policy.device) for k, v in batch.items()}``
+            elif isinstance(call, (cst.ListComp, cst.GeneratorExp)):
+                call = call.elt
         if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value in ("to", "cuda")):
             return None
         if call.func.attr.value == "cuda":

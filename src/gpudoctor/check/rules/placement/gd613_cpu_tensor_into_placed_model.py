@@ -5,6 +5,7 @@ from typing import Optional
 import libcst as cst
 
 from gpudoctor.check.facts import TRAIT_DISPATCHED, TRAIT_OFFLOADED, TRAIT_QUANTIZED, FileFacts, Value, name_key
+from gpudoctor.check.facts.nodes import dotted
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.placement._common import creation_qualname
@@ -68,10 +69,8 @@ class CpuTensorIntoPlacedModel(Rule):
     def _cpu_tensor(facts: FileFacts, value: cst.BaseExpression, order: int, scope) -> Optional[str]:
         """The creating call's name when ``value`` is a new CPU tensor, directly or through a name."""
         found = creation_qualname(facts, value)
-        if found is None and isinstance(value, cst.Name):
-            binding = facts.binding_at(value.value, order, scope)
-            if binding is not None and binding.kind == "assign" and binding.value is not None:
-                found = creation_qualname(facts, binding.value)
+        if found is None:  # through names, temporaries and the file's own helpers
+            found = creation_qualname(facts, facts.built_by(value, order, scope))
         return f"{found}(...)" if found else None
 
     @staticmethod
@@ -85,9 +84,17 @@ class CpuTensorIntoPlacedModel(Rule):
             root = root.func.value if isinstance(root, cst.Call) else root.value
         if root is target and isinstance(target, cst.Name):
             binding = facts.binding_at(target.value, order, scope)
-            if binding is None or binding.kind not in ("for", "unpack") or binding.value is None:
+            if binding is None or binding.kind not in ("for", "unpack", "assign") or binding.value is None:
+                return None, ""
+            if binding.kind == "assign":  # ``weight = model.lm_head.weight`` then ``weight.data = ...``
+                if isinstance(binding.value, (cst.Attribute, cst.Subscript, cst.Call)):
+                    return CpuTensorIntoPlacedModel._owning_model(facts, binding.value, binding.order, binding.scope)
                 return None, ""
             iterable = binding.value
+            if isinstance(iterable, cst.Call) and dotted(iterable.func) == "next" and iterable.args:
+                iterable = iterable.args[0].value  # ``name, param = next(it)``
+            # through enumerate/tqdm/zip, iter() and the file's own generators
+            iterable = facts.source_of(iterable, binding.order, binding.scope)
             if not (
                 isinstance(iterable, cst.Call)
                 and isinstance(iterable.func, cst.Attribute)
