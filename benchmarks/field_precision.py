@@ -91,7 +91,7 @@ def run_field(cache: Path, jobs: int, show_messages: bool) -> int:
     if not cache.is_dir():
         print(
             f"field-script cache {cache} does not exist: fill it with\n"
-            f"  python {Path(__file__).name} --populate [--mirrors DIR] --cache {cache}\n"
+            f"  python benchmarks/{Path(__file__).name} --populate [--mirrors DIR] --cache {cache}\n"
             "or point --cache / $GPUDOCTOR_FIELD_SCRIPTS at an existing one.",
             file=sys.stderr,
         )
@@ -105,6 +105,12 @@ def run_field(cache: Path, jobs: int, show_messages: bool) -> int:
               + (" ..." if len(missing) > 5 else ""), file=sys.stderr)
     review = json.loads(REVIEW.read_text(encoding="utf-8")) if REVIEW.exists() else {}
     review = {k: v for k, v in review.items() if not k.startswith("_")}
+    malformed = [k for k, v in review.items()
+                 if k.count(":") < 2 or v.get("verdict") not in ("true", "false") or not str(v.get("why", "")).strip()]
+    if malformed:
+        print(f"{REVIEW.name}: entries need a 'file:line:code' key, verdict true|false and a why: {malformed[:5]}",
+              file=sys.stderr)
+        return 2
 
     import gpudoctor
 
