@@ -119,7 +119,7 @@ def run_field(cache: Path, jobs: int, show_messages: bool) -> int:
     by_file: dict[str, list] = defaultdict(list)
     rows = []  # (key, finding, preview, verdict)
     for finding in result.findings:
-        name = Path(finding.path).name
+        name = Path(finding.path).name + (f"[cell {finding.cell}]" if finding.cell is not None else "")
         key = f"{name}:{finding.line}:{finding.code}"
         rule = rule_by_code(finding.code)
         preview = bool(getattr(rule, "preview", False))
