@@ -1,19 +1,13 @@
 from __future__ import annotations
 
 from gpudoctor.check import apis
-from gpudoctor.check.facts import FileFacts, IfFrame, call_arg
+from gpudoctor.check.facts import FileFacts, call_arg
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import snippet
+from gpudoctor.check.queries import exclusive_branches, snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.loop._common import innermost_loop
 
 _XLA_DEVICE = ("torch_xla.core.xla_model.xla_device", "torch_xla.device")
-
-
-def _exclusive(a: tuple, b: tuple) -> bool:
-    """Two sites in different branches of the same ``if``: one run never takes both."""
-    branches = {id(f.node): f.branch for f in a if isinstance(f, IfFrame)}
-    return any(isinstance(f, IfFrame) and branches.get(id(f.node), f.branch) != f.branch for f in b)
 
 
 class ClipScaledGradients(Rule):
@@ -74,7 +68,7 @@ class ClipScaledGradients(Rule):
                 continue
             if loop is not None and innermost_loop(site) is not loop and not any(f is loop for f in site.context):
                 continue
-            if _exclusive(site.context, clip.context):
+            if exclusive_branches(site.context, clip.context):
                 continue  # ``if use_amp: scaler.scale(loss).backward() ... else: loss.backward(); clip(...)``
             return scaler, site
         return None
