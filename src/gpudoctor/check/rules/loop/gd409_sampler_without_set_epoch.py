@@ -45,8 +45,8 @@ class SamplerWithoutSetEpoch(Rule):
 
     def _may_train_unseeded(self, facts: FileFacts, site: CallSite) -> bool:
         """False when what the sampler feeds shows the shuffle cannot matter or is seeded elsewhere: its
-        loaders are only iterated by loops without a backward (evaluation: a loss or metric averaged over the
-        shard does not depend on order), or the sampler or its loader is handed to a function defined outside
+        loaders are only iterated by evaluation loops (no backward, forward under no_grad: a loss or metric
+        averaged over the shard does not depend on order), or the sampler or its loader is handed to a function defined outside
         the file, which may call ``set_epoch`` itself (``train(..., sampler=sampler)`` from a utils module)."""
         loaders: list[cst.Call] = []
         sampler_users = self._users(facts, site.node)
@@ -67,7 +67,16 @@ class SamplerWithoutSetEpoch(Rule):
             loops.extend(iterated)
         if not loops:
             return True
-        return any(is_backward(facts, inner) for loop in loops for inner, _ in reach(facts, loop, depth=3))
+        return not all(self._evaluates(facts, loop) for loop in loops)
+
+    @staticmethod
+    def _evaluates(facts: FileFacts, loop) -> bool:
+        """The loop evaluates: no backward runs in it (directly or in the file's helpers) and its forward runs
+        with gradients off (``with torch.no_grad():`` inside it, or around it)."""
+        reached = [inner for inner, _ in reach(facts, loop, depth=3)]
+        if any(is_backward(facts, inner) for inner in reached):
+            return False
+        return any(facts.under_no_grad(inner.context) for inner in reached)
 
     @staticmethod
     def _bindings_of(facts: FileFacts, value: cst.CSTNode) -> list:
