@@ -30,10 +30,6 @@ SOURCE_LINK = re.compile(r"Source:\s*https://\S+")
 SOURCE_ANY = re.compile(r"Source:\s*\S+")
 # Known false alarms on correct code, reported to the rule owners: {relative path: reason naming the rule}.
 KNOWN_FALSE_ALARMS: dict[str, str] = {
-    "fixtures/field/clean/single_process_prepare_device_map.py": "GD101 and GD107 read the usage comment "
-    "`accelerate launch --num_processes=1` (one process) as evidence of a multi-process launch",
-    "fixtures/field/clean/accelerate_bf16_torch_clip.py": "GD105 warns although the Accelerator sets "
-    "mixed_precision='bf16' in code (rules/GD105 says info then)",
 }
 
 

@@ -9,11 +9,17 @@ import libcst as cst
 
 from gpudoctor import hardware
 from gpudoctor.check import apis
-from gpudoctor.check.facts import CallSite, FileFacts, Scope, Value, call_arg, name_key, string_value
+from gpudoctor.check.facts import CallSite, FileFacts, IfFrame, Scope, Value, call_arg, name_key, string_value
 from gpudoctor.check.finding import Severity
 
 
 _SALIENT = ("device_map", "dtype", "torch_dtype", "offload_folder", "load_in_8bit", "load_in_4bit", "mixed_precision")
+
+
+def exclusive_branches(a: tuple, b: tuple) -> bool:
+    """Two sites (by their frames) in different branches of the same ``if``: one run never takes both."""
+    branches = {id(f.node): f.branch for f in a if isinstance(f, IfFrame)}
+    return any(isinstance(f, IfFrame) and branches.get(id(f.node), f.branch) != f.branch for f in b)
 
 
 def snippet(facts: FileFacts, node: cst.CSTNode, limit: int = 70) -> str:

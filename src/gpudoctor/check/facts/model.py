@@ -55,6 +55,8 @@ _LAUNCH_HINT = re.compile(
     r"LOCAL_RANK|WORLD_SIZE|init_process_group|DistributedDataParallel|notebook_launcher|"
     r"deepspeed\s+\S+\.py"
 )
+# The process count a launch line states: ``--num_processes=1``, ``--nproc_per_node 1``, ``num_processes=1``.
+_STATED_COUNT = re.compile(r"""(num_processes|nproc[_-]per[_-]node|num_gpus)["']?\s*[=:\s]\s*["']?(\d+)\b""")
 # A test on the number of processes: ``PartialState().num_processes > 1``, ``world_size != 1``.
 _PROCESS_COUNT = re.compile(r"""(num_processes|world_size|WORLD_SIZE|get_world_size\(\))["'\])]*\s*(>\s*1|!=\s*1|>=\s*2)\b""")
 # Words that show memory is short, so an "auto" device map will offload.
@@ -153,11 +155,18 @@ class FileFacts(ExpressionValues):
     def launch_hints(self) -> list[str]:
         """Evidence, from code or comments, that the file runs as several processes."""
         if self._launch_hints is None:
-            hints = sorted({m.group(0) for m in _LAUNCH_HINT.finditer(self.source)})
+            hints = sorted({m.group(0) for m in _LAUNCH_HINT.finditer(self.source) if not self._one_process_launch(m)})
             # ``if PartialState().num_processes > 1: raise SystemExit(...)``: the file refuses to run as
             # several processes, whatever its comments say about launchers.
             self._launch_hints = [] if hints and self._refuses_multi_process() else hints
         return self._launch_hints
+
+    def _one_process_launch(self, match: re.Match) -> bool:
+        """The hint's own line says one process: ``accelerate launch --num_processes=1 train.py``,
+        ``torchrun --nproc_per_node 1``, ``notebook_launcher(main, num_processes=1)``."""
+        end = self.source.find("\n", match.start())
+        count = _STATED_COUNT.search(self.source, match.start(), len(self.source) if end < 0 else end)
+        return count is not None and count.group(2) == "1"
 
     def _refuses_multi_process(self) -> bool:
         for statement in self.module.body:

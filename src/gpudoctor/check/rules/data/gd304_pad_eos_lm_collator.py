@@ -39,19 +39,16 @@ class PadEosLmCollator(Rule):
             if not (isinstance(mlm, cst.Name) and mlm.value == "False"):
                 continue
             evidence = _EOS_IN_DATA.search(facts.source)
+            if not evidence:
+                # Nothing puts an EOS in the texts (Llama/GPT-2 tokenizers add none by themselves): the collator
+                # masks padding only, which is what the script wants.
+                continue
             when = " (the branch runs for tokenizers without a pad token: Llama, Mistral, GPT-2...)" if guarded else ""
-            if evidence:
-                effect = (
-                    f"The texts do end with EOS (`{evidence.group(0)}`), and every one of those targets is masked: "
-                    "the model is never trained to stop and generates until `max_new_tokens`."
-                )
-                severity = Severity.ERROR
-            else:
-                effect = (
-                    "Every EOS target in the data is masked, so if the texts end with EOS (a template or "
-                    "`add_eos_token`) the model is never trained to stop."
-                )
-                severity = Severity.WARNING
+            effect = (
+                f"The texts do end with EOS (`{evidence.group(0)}`), and every one of those targets is masked: "
+                "the model is never trained to stop and generates until `max_new_tokens`."
+            )
+            severity = Severity.ERROR
             yield self.report(
                 site.node,
                 f"`{snippet(facts, node)}`{when} makes padding and end-of-sequence one token id, and "

@@ -58,6 +58,8 @@ class EvalWithoutTrain(Rule):
                 key = snippet(facts, site.receiver)
                 if trained and key not in trained and not key.startswith("self."):
                     continue  # e.g. a frozen teacher that stays in eval mode on purpose
+                if via is not None and self._maybe_other_module(facts, site, via, loop, trained):
+                    continue
                 reported.add(id(node))
                 where = f" (in `{snippet(facts, via.node.func)}`)" if via is not None else ""
                 yield self.report(
@@ -67,6 +69,30 @@ class EvalWithoutTrain(Rule):
                     "statistics frozen, and gradient checkpointing in transformers models skipped).",
                     fix_hint=f"Call `{key}.train()` at the start of each training epoch/step, or after the evaluation.",
                 )
+
+    @staticmethod
+    def _maybe_other_module(facts: FileFacts, site, via, loop, trained: set[str]) -> bool:
+        """The helper's ``.eval()`` receiver is a parameter whose argument at ``via`` is bound, in the loop, to
+        something other than the trained modules on some path (``test_model = ema_model.ema if use_ema else
+        model`` written as an if/else): evaluation runs on an EMA copy, and the trained model keeps its mode."""
+        binding = facts.binding_at(snippet(facts, site.receiver), site.order, site.scope)
+        if binding is None or binding.kind != "param" or not isinstance(binding.target, cst.Param):
+            return False
+        callee = next(iter(facts.callee_scopes(via)), None)
+        if callee is None or binding.scope is not callee:
+            return False
+        params = [*callee.node.params.posonly_params, *callee.node.params.params]
+        position = next((i for i, p in enumerate(params) if p is binding.target), None)
+        arg = via.arg(position, binding.target.name.value)
+        key = snippet(facts, arg) if arg is not None else None
+        if key is None:
+            return False
+        values = [
+            b.value
+            for b in via.scope.bindings.get(key, ())
+            if b.kind == "assign" and b.value is not None and loop.order < b.order < via.order
+        ]
+        return len(values) > 1 and any(snippet(facts, v) not in trained for v in values)
 
     @staticmethod
     def _trained_keys(facts: FileFacts, calls) -> set[str]:

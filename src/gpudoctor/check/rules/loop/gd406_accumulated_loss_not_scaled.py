@@ -4,6 +4,7 @@ from typing import Optional
 
 import libcst as cst
 
+from gpudoctor.check import apis
 from gpudoctor.check.facts import Binding, FileFacts, call_arg, name_key
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import accelerator_kwargs, snippet
@@ -24,6 +25,35 @@ def _divides(node: Optional[cst.CSTNode]) -> bool:
             return True
         return _divides(node.left) or _divides(node.right)
     return False
+
+
+# Optimizers whose update divides the gradient by a running estimate of its own magnitude (Adam's m / sqrt(v),
+# RMSprop, Adagrad, Adafactor) or takes its sign (Lion): multiplying every gradient by N leaves the update as it was
+# (up to eps). SGD's update is lr * grad: N times the gradient is N times the step.
+_SCALE_INVARIANT = {
+    "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "RMSprop", "Adafactor", "Lion", "FusedAdam",
+    "Adam8bit", "AdamW8bit", "Adam32bit", "AdamW32bit", "PagedAdam", "PagedAdamW", "PagedAdam8bit", "PagedAdamW8bit",
+    "PagedAdamW32bit", "Lion8bit", "PagedLion", "PagedLion8bit", "DeepSpeedCPUAdam",
+}
+
+
+def _scale_invariant(facts: FileFacts, step) -> bool:
+    """The optimizer ``step`` steps is certainly of a scale-invariant class (and without coupled L2 weight decay,
+    whose relative strength N would change): an undivided accumulated loss changes nothing."""
+    optimizer = step.receiver
+    if optimizer is not None and facts.value(optimizer, step.order, step.scope).kind == "grad_scaler":
+        optimizer = call_arg(step.node, 0, "optimizer")
+    if optimizer is None:
+        return False
+    origin = facts.value(optimizer, step.order, step.scope).origin().node
+    if not isinstance(origin, cst.Call):
+        return False
+    name = (facts.qualname(origin.func) or "").split(".")[-1]
+    if name not in _SCALE_INVARIANT:
+        return False
+    decay = call_arg(origin, keyword="weight_decay")
+    coupled = name in ("Adam", "Adagrad", "RMSprop", "NAdam", "RAdam", "Adamax")
+    return not (coupled and decay is not None and getattr(decay, "value", None) not in ("0", "0.0"))
 
 
 class AccumulatedLossNotScaled(Rule):
@@ -58,15 +88,31 @@ class AccumulatedLossNotScaled(Rule):
             loss = self._loss_expr(facts, backward)
             if loss is None or not self._plain_loss(facts, loss, backward, loop):
                 continue
+            invariant = _scale_invariant(facts, step)
+            if invariant and not self._clipped(facts, loop):
+                continue  # Adam-like update of N x the mean gradient is the same update
+            effect = (
+                "the clipping threshold meets an N-times-too-large norm, so far more updates are clipped (the Adam-like "
+                "update itself does not change with the scale)"
+                if invariant
+                else "the effective learning rate (and any clipping threshold) is off by N"
+            )
             guard = accumulation_guard(facts, step, loop)
             yield self.report(
                 backward.node,
                 f"`{snippet(facts, backward.node)}` accumulates gradients for `{snippet(facts, step.node)}`, which runs "
                 f"only when `{snippet(facts, guard.test)}`, but the loss is not divided by the number of accumulation "
-                "steps: the update uses the sum of the micro-batch gradients, N times the mean (the effective learning "
-                "rate and the clipping threshold are off by N).",
+                f"steps: the update uses the sum of the micro-batch gradients, N times the mean: {effect}.",
                 fix_hint="Divide the loss by the number of accumulation steps before backward(): `(loss / accum_steps).backward()`.",
             )
+
+    @staticmethod
+    def _clipped(facts: FileFacts, loop) -> bool:
+        """Gradients are clipped in the loop: the threshold meets the N-times-too-large norm."""
+        return any(
+            in_loop(site, loop) and (site.qualname in apis.TORCH_CLIP or site.method in ("clip_grad_norm_", "clip_grad_value_"))
+            for site in facts.calls
+        )
 
     @staticmethod
     def _loss_expr(facts: FileFacts, backward) -> Optional[cst.BaseExpression]:

@@ -3,9 +3,11 @@ from __future__ import annotations
 from gpudoctor.check import apis
 from gpudoctor.check.facts import FileFacts, call_arg
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import snippet
+from gpudoctor.check.queries import exclusive_branches, snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.loop._common import innermost_loop
+
+_XLA_DEVICE = ("torch_xla.core.xla_model.xla_device", "torch_xla.device")
 
 
 class ClipScaledGradients(Rule):
@@ -21,6 +23,8 @@ class ClipScaledGradients(Rule):
     def check(self, facts: FileFacts):
         if not facts.calls_to(*apis.GRAD_SCALER):
             return
+        if facts.calls_to(*_XLA_DEVICE):
+            return  # runs on a TPU: without CUDA, GradScaler disables itself and scale() is the identity
         for clip in facts.calls_to(*apis.TORCH_CLIP):
             loop = innermost_loop(clip)
             scaled = self._scaled_backward(facts, clip, loop)
@@ -64,6 +68,8 @@ class ClipScaledGradients(Rule):
                 continue
             if loop is not None and innermost_loop(site) is not loop and not any(f is loop for f in site.context):
                 continue
+            if exclusive_branches(site.context, clip.context):
+                continue  # ``if use_amp: scaler.scale(loss).backward() ... else: loss.backward(); clip(...)``
             return scaler, site
         return None
 

@@ -2,12 +2,15 @@ from __future__ import annotations
 
 import libcst as cst
 
-from gpudoctor.check.facts import FileFacts, call_arg
+from gpudoctor.check.facts import CallSite, FileFacts, call_arg, name_key
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
+from gpudoctor.check.rules.loop._common import is_backward, reach
 
 _SAMPLER = {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
+_BUILTINS = {"print", "len", "iter", "list", "isinstance", "repr", "str", "id", "type", "hasattr", "getattr"}
+_LOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 
 
 class SamplerWithoutSetEpoch(Rule):
@@ -31,12 +34,108 @@ class SamplerWithoutSetEpoch(Rule):
                 continue
             if shuffle is not None and not (isinstance(shuffle, cst.Name) and shuffle.value == "True"):
                 continue
+            if not self._may_train_unseeded(facts, site):
+                continue
             yield self.report(
                 site.node,
                 f"`{snippet(facts, site.node)}` shuffles with a seed derived from its epoch, and `set_epoch(epoch)` "
                 "is never called: every epoch sees the samples in the same order.",
                 fix_hint="Call `sampler.set_epoch(epoch)` at the start of every epoch (before iterating the loader).",
             )
+
+    def _may_train_unseeded(self, facts: FileFacts, site: CallSite) -> bool:
+        """False when what the sampler feeds shows the shuffle cannot matter or is seeded elsewhere: its
+        loaders are only iterated by evaluation loops (no backward, forward under no_grad: a loss or metric
+        averaged over the shard does not depend on order), or the sampler or its loader is handed to a function defined outside
+        the file, which may call ``set_epoch`` itself (``train(..., sampler=sampler)`` from a utils module)."""
+        loaders: list[cst.Call] = []
+        sampler_users = self._users(facts, site.node)
+        if sampler_users is None:
+            return True
+        for user in sampler_users:
+            if user.qualname in _LOADER:
+                loaders.append(user.node)
+            elif self._external(facts, user):
+                return False
+        if not loaders:
+            return True
+        loops = []
+        for loader in loaders:
+            iterated = self._loops_over(facts, loader)
+            if not iterated and any(self._external(facts, u) for u in self._users(facts, loader) or ()):
+                return False  # the loader is consumed by code this file does not show
+            loops.extend(iterated)
+        if not loops:
+            return True
+        return not all(self._evaluates(facts, loop) for loop in loops)
+
+    @staticmethod
+    def _evaluates(facts: FileFacts, loop) -> bool:
+        """The loop evaluates: no backward runs in it (directly or in the file's helpers) and its forward runs
+        with gradients off (``with torch.no_grad():`` inside it, or around it)."""
+        reached = [inner for inner, _ in reach(facts, loop, depth=3)]
+        if any(is_backward(facts, inner) for inner in reached):
+            return False
+        return any(facts.under_no_grad(inner.context) for inner in reached)
+
+    @staticmethod
+    def _bindings_of(facts: FileFacts, value: cst.CSTNode) -> list:
+        """The ``name = value`` bindings whose value is ``value``, or a dict display holding ``value`` (or a
+        name bound to it) as an entry."""
+        out = []
+        for scope in [facts.module_scope, *facts.functions]:
+            for bindings in scope.bindings.values():
+                for binding in bindings:
+                    if binding.kind == "assign" and binding.value is value:
+                        out.append(binding)
+        for binding in list(out):
+            for scope in [facts.module_scope, *facts.functions]:
+                for bindings in scope.bindings.values():
+                    for holder in bindings:
+                        if holder.kind == "assign" and isinstance(holder.value, cst.Dict) and any(
+                            isinstance(e, cst.DictElement) and (e.value is value or name_key(e.value) == binding.key)
+                            for e in holder.value.elements
+                        ):
+                            out.append(holder)
+        return out
+
+    def _users(self, facts: FileFacts, value: cst.CSTNode) -> list[CallSite] | None:
+        """Calls that take ``value`` as an argument: inline, through the name it is bound to, or through a
+        dict of keyword arguments (``kw = {"sampler": s}; DataLoader(ds, **kw)``); None when it is unnamed."""
+        inline = [c for c in facts.calls if any(a.value is value for a in c.node.args)]
+        if inline:
+            return inline
+        bindings = self._bindings_of(facts, value)
+        if not bindings:
+            return None
+        out = []
+        for binding in bindings:
+            for call in facts.calls:
+                if call.order > binding.order and any(
+                    name_key(arg.value) == binding.key and facts.binding_at(binding.key, call.order, call.scope) is binding
+                    for arg in call.node.args
+                ):
+                    out.append(call)
+        return out
+
+    @staticmethod
+    def _external(facts: FileFacts, call: CallSite) -> bool:
+        """A call into code the file does not show (an imported or unknown function), not a builtin."""
+        if facts.callee_scopes(call):
+            return False
+        if call.qualname is not None:
+            return not call.qualname.startswith(("torch.", "torch_xla.", "builtins."))  # wrappers, never set_epoch
+        return call.method is None and isinstance(call.node.func, cst.Name) and call.node.func.value not in _BUILTINS
+
+    def _loops_over(self, facts: FileFacts, loader: cst.Call) -> list:
+        """Loops that iterate ``loader`` (through names, enumerate/tqdm, and the file's own functions' parameters)."""
+        keys = {b.key for b in self._bindings_of(facts, loader) if b.value is loader}
+        out = []
+        for loop in facts.loops:
+            found = facts.iterated(loop)
+            if found is not None and (found[0] is loader or name_key(found[0]) in keys):
+                out.append(loop)
+        return out
 
     @staticmethod
     def _has_epoch_loop(facts: FileFacts) -> bool:

@@ -42,7 +42,7 @@ class LossTensorRunningTotal(Rule):
             return None
         loop = loops[-1]
         kind = graph_tensor(facts, value, site.order, site.scope)
-        if kind != "loss":
+        if kind != "loss" or _computed_without_grad(facts, value, site.order, site.scope):
             return None
         total = site.target_key
         if not self._total_outside_loop(facts, total, site, loops[0]):
@@ -128,6 +128,38 @@ class LossTensorRunningTotal(Rule):
             if isinstance(receiver, cst.BinaryOperation) and name_key(receiver.left) == key:
                 return True
         return False
+
+
+def _computed_without_grad(facts: FileFacts, value: cst.BaseExpression, order: int, scope, depth: int = 0) -> bool:
+    """The value was computed under ``torch.no_grad()`` / ``inference_mode()`` (``with torch.no_grad(): out =
+    model(**batch)`` then ``loss = out.loss`` outside the block): it has no autograd history to keep."""
+    if depth > 6:
+        return False
+    if isinstance(value, (cst.Attribute, cst.Subscript)) and name_key(value) is None:
+        return _computed_without_grad(facts, value.value, order, scope, depth + 1)
+    if isinstance(value, cst.BinaryOperation):
+        return _computed_without_grad(facts, value.left, order, scope, depth + 1) and _computed_without_grad(
+            facts, value.right, order, scope, depth + 1
+        )
+    if isinstance(value, cst.Call):
+        site = facts.call_site(value)
+        if site is None:
+            return False
+        if facts.under_no_grad(site.context):
+            return True
+        # ``loss.float()``, ``loss.mean()``: a tensor method of a value without history has none either.
+        return site.receiver is not None and _computed_without_grad(facts, site.receiver, order, scope, depth + 1)
+    key = name_key(value)
+    if key is None:
+        return isinstance(value, (cst.Integer, cst.Float))
+    binding = facts.binding_at(key, order, scope)
+    if binding is None and "." in key:
+        return _computed_without_grad(facts, value.value, order, scope, depth + 1)
+    if binding is None or binding.kind not in ("assign", "unpack", "with"):
+        return False
+    if facts.under_no_grad(binding.context):
+        return True
+    return binding.value is not None and _computed_without_grad(facts, binding.value, binding.order, binding.scope, depth + 1)
 
 
 def _loss_name(value: cst.BaseExpression) -> Optional[cst.BaseExpression]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from gpudoctor.check import apis
 from gpudoctor.check.facts import FileFacts
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import snippet
+from gpudoctor.check.queries import exclusive_branches, snippet
 from gpudoctor.check.rule import Rule
 
 _MULTI_GPU = ("init_process_group", "DistributedDataParallel", "LOCAL_RANK", "torchrun", "nproc_per_node")
@@ -27,8 +27,13 @@ class TorchLoadWithoutMapLocation(Rule):
         ranks = [h for h in hints if h != "DistributedDataParallel"]
         if not ranks or not (facts.calls_to(*apis.DISTRIBUTED_DATA_PARALLEL) or "init_process_group" in hints):
             return
-        for site in facts.calls_to("torch.load"):
+        loads = facts.calls_to("torch.load")
+        for site in loads:
             if site.arg(1, "map_location") is not None:
+                continue
+            if any(o.arg(1, "map_location") is not None and exclusive_branches(o.context, site.context) for o in loads):
+                # ``if args.gpu is None: torch.load(p) else: torch.load(p, map_location=f"cuda:{args.gpu}")``: the
+                # one-process-per-GPU path maps; the unmapped branch is the single-process (DataParallel) path.
                 continue
             yield self.report(
                 site.node,
