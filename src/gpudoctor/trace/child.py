@@ -16,6 +16,7 @@ import atexit
 import json
 import os
 import sys
+import weakref
 
 # Modules of the `gpudoctor[runtime]` extra: a program stopping on one of them gets a note naming the extra.
 RUNTIME_MODULES = ("torch", "accelerate", "transformers", "peft", "pynvml")
@@ -34,6 +35,10 @@ def start() -> None:
         _torch_imported()
     else:
         sys.meta_path.insert(0, _TorchImportWatcher())
+    # atexit runs last-registered first. weakref.finalize registers its exit hook when the first finalizer is made
+    # (torch.library's do, at import): registered before ours, it runs after the report is built, so the
+    # libraries it tears down (the virtual GPU backend's kernels) are still there for the diagnostic re-runs.
+    weakref.finalize(start, lambda: None)
     atexit.register(_write)
     os._exit = _os_exit
     if hasattr(os, "register_at_fork"):  # POSIX

@@ -154,17 +154,29 @@ def assignment_line(filename: str, name: str, before: int) -> dict | None:
     return frame_info(filename, best, getattr(scope, "name", "<module>")) if best else None
 
 
+def _class_source(klass: type) -> tuple[str | None, int]:
+    """(file, first line) of a class. inspect finds the file through ``sys.modules[klass.__module__].__file__``,
+    which Python deletes from ``__main__`` once the script returns (reports are built at exit): then the file
+    of a function defined in the class body says it."""
+    import inspect
+
+    try:
+        return inspect.getsourcefile(klass), inspect.getsourcelines(klass)[1]
+    except (OSError, TypeError):
+        pass
+    for value in vars(klass).values():
+        code = getattr(inspect.unwrap(value) if callable(value) else None, "__code__", None)
+        if code is not None and getattr(value, "__qualname__", "").startswith(klass.__qualname__ + "."):
+            return code.co_filename, 0
+    return None, 0
+
+
 def attribute_assignment_line(cls: type, attr: str) -> dict | None:
     """Where ``self.<attr> = ...`` is first assigned in ``cls`` (or a base class defined in user code)."""
     import ast
-    import inspect
 
     for klass in cls.__mro__:
-        try:
-            filename = inspect.getsourcefile(klass)
-            _, start = inspect.getsourcelines(klass)
-        except (OSError, TypeError):
-            continue
+        filename, start = _class_source(klass)
         if not filename or not is_user_file(filename):
             continue
         tree = _parse(filename)
