@@ -29,6 +29,8 @@ from gpudoctor.simulate.cards import Card, parse_spec
 from gpudoctor.simulate.tracker import AllocationTracker
 
 
+_ABSENT = object()  # an attribute the patched owner did not define itself
+
 class SimulationStopped(SystemExit):
     """Raised after ``max_steps`` optimizer steps: a clean stop (exit code 0) the user's ``except Exception`` won't catch."""
 
@@ -157,12 +159,18 @@ class Simulation:
             return
         self.active = False
         for owner, name, value in reversed(self._saved):
-            setattr(owner, name, value)
+            if value is _ABSENT:
+                delattr(owner, name)  # it was inherited: the base class's attribute shows through again
+            else:
+                setattr(owner, name, value)
         self._saved.clear()
         self._stack.close()
 
     def _set(self, owner, name: str, value) -> None:
-        self._saved.append((owner, name, getattr(owner, name)))
+        # Save the raw attribute, not getattr's result: for a classmethod that is a method bound to this
+        # class, and putting it back would make every subclass call it with the base class as ``cls``.
+        saved = vars(owner).get(name, _ABSENT) if hasattr(owner, "__dict__") else getattr(owner, name)
+        self._saved.append((owner, name, saved))
         setattr(owner, name, value)
 
     def _patch_torch(self) -> None:
