@@ -6,6 +6,8 @@ Keeping these lists here, not inside rules, means a renamed or re-exported API i
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Optional
 
 # Re-exports and deep paths -> the canonical public name used in the tables below.
 CANONICAL = {
@@ -51,6 +53,12 @@ GRAD_SCALER = {"torch.amp.GradScaler"}
 NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
 LM_COLLATOR = {"transformers.DataCollatorForLanguageModeling"}
 BNB_CONFIG = "transformers.BitsAndBytesConfig"
+# trl's value-head wrappers (trl <= 0.2x; moved to trl.experimental.ppo in Dec 2025, gone from trl 1.16): their
+# ``from_pretrained`` passes its keyword arguments on to transformers' ``from_pretrained``.
+VALUE_HEAD_WRAPPERS_FROM_PRETRAINED = {
+    "trl.AutoModelForCausalLMWithValueHead.from_pretrained",
+    "trl.AutoModelForSeq2SeqLMWithValueHead.from_pretrained",
+}
 
 TRAINERS = {
     "transformers.Trainer",
@@ -179,7 +187,82 @@ WELL_KNOWN_NAMES = {
     "get_cosine_schedule_with_warmup": "transformers.get_cosine_schedule_with_warmup",
     "SFTTrainer": "trl.SFTTrainer",
     "SFTConfig": "trl.SFTConfig",
+    "pipeline": "transformers.pipeline",
 }
+
+# An unbound name spelled like a transformers model class (``LlamaForCausalLM``, ``AutoModelForCausalLM``) is
+# read as that class in a snippet; trl's value-head wrappers live in trl.
+_HF_MODEL_CLASS_NAME = re.compile(r"^(?:AutoModel\w*|AutoPeftModel\w*|[A-Z][A-Za-z0-9]*For[A-Z]\w*)$")
+
+
+def well_known_class(name: str) -> Optional[str]:
+    """The library class an unbound class-like name in a snippet stands for, or None."""
+    if not _HF_MODEL_CLASS_NAME.match(name) or name.endswith(_NON_MODEL_SUFFIXES):
+        return None
+    if name.endswith("WithValueHead"):
+        return f"trl.{name}"
+    if name.startswith("AutoPeftModel"):
+        return f"peft.{name}"
+    return f"transformers.{name}"
+
+
+@dataclass(frozen=True)
+class InstanceProfile:
+    """A library object a snippet uses under a name it never binds (``accelerator`` from an earlier cell).
+
+    The name is assumed to be that object when it is used with the object's members: for a ``conventional``
+    name one ``distinctive`` or ``common`` member is enough, any other name needs two ``distinctive`` ones.
+    With ``members`` (the whole public API) a name also used with anything else is not assumed
+    (``scaler.transform(...)`` is scikit-learn's)."""
+
+    kind: str  # the value kind (facts.Value.kind)
+    qualname: str
+    conventional: frozenset
+    distinctive: frozenset
+    common: frozenset = frozenset()
+    members: Optional[frozenset] = None
+
+
+INSTANCE_PROFILES = (
+    InstanceProfile(
+        "accelerator",
+        "accelerate.Accelerator",
+        conventional=frozenset({"accelerator"}),
+        distinctive=frozenset({
+            "prepare", "prepare_model", "prepare_optimizer", "prepare_data_loader", "prepare_scheduler", "accumulate",
+            "unwrap_model", "gather_for_metrics", "wait_for_everyone", "is_main_process", "is_local_main_process",
+            "sync_gradients", "main_process_first", "local_main_process_first", "end_training", "init_trackers",
+            "save_state", "load_state", "pad_across_processes", "split_between_processes", "unscale_gradients",
+            "optimizer_step_was_skipped", "num_processes", "process_index", "local_process_index",
+        }),
+        # Shared with other objects (a DeepSpeed engine's ``backward``, an FSDP module's ``clip_grad_norm_``).
+        common=frozenset({"backward", "clip_grad_norm_", "clip_grad_value_", "print", "device", "gather", "reduce", "log", "save"}),
+    ),
+    InstanceProfile(
+        "grad_scaler",
+        "torch.amp.GradScaler",
+        conventional=frozenset({"scaler", "grad_scaler", "amp_scaler", "gradscaler"}),
+        distinctive=frozenset({"scale", "unscale_", "get_scale"}),
+        common=frozenset({"step", "update"}),
+        members=frozenset({
+            "get_backoff_factor", "get_growth_factor", "get_growth_interval", "get_scale", "is_enabled",
+            "load_state_dict", "scale", "set_backoff_factor", "set_growth_factor", "set_growth_interval",
+            "state_dict", "step", "unscale_", "update",
+        }),
+    ),
+)
+
+
+def instance_profile(name: str, members: set) -> Optional[InstanceProfile]:
+    """The profile an unbound ``name`` (``accelerator``, or ``scaler`` of ``self.scaler``) used with ``members``
+    matches, or None."""
+    for profile in INSTANCE_PROFILES:
+        if profile.members is not None and not members <= profile.members:
+            continue
+        distinctive = members & profile.distinctive
+        if len(distinctive) >= 2 or (name in profile.conventional and (distinctive or members & profile.common)):
+            return profile
+    return None
 
 # The prefilter for files that import none of the libraries: a snippet still counts when it uses ``torch.``
 # or calls (or reads an attribute of) one of the distinctive well-known names; generic ones such as
@@ -187,6 +270,11 @@ WELL_KNOWN_NAMES = {
 _SNIPPET_NAMES = sorted(
     (n for n in WELL_KNOWN_NAMES if len(n) > 6 and n not in ("Dataset", "Trainer")), key=len, reverse=True
 )
+_INSTANCE_USE = "|".join(
+    "(?:" + "|".join(sorted(p.conventional)) + r")\.(?:" + "|".join(sorted(p.distinctive | p.common)) + ")"
+    for p in INSTANCE_PROFILES
+)
 SNIPPET_USE = re.compile(
     rb"\btorch\.[a-z]|(?<![\w.])(?:" + "|".join(_SNIPPET_NAMES).encode() + rb")\s*[(.]"
+    + rb"|(?<![\w.])(?:self\.)?(?:" + _INSTANCE_USE.encode() + rb")\b"
 )

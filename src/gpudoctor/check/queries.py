@@ -9,7 +9,9 @@ import libcst as cst
 
 from gpudoctor import hardware
 from gpudoctor.check import apis
-from gpudoctor.check.facts import CallSite, FileFacts, IfFrame, Scope, Value, call_arg, name_key, string_value
+from gpudoctor.check.facts import (
+    TRAIT_PREPARED, CallSite, FileFacts, IfFrame, Scope, Value, call_arg, name_key, string_value,
+)
 from gpudoctor.check.finding import Severity
 
 
@@ -66,6 +68,43 @@ def accelerator_for(facts: FileFacts, site: CallSite) -> Optional[CallSite]:
     if before:
         return before[-1]
     return candidates[0] if candidates else None
+
+
+def accelerator_trains(facts: FileFacts) -> bool:
+    """An Accelerator drives training here: it prepares objects, or (a notebook cell whose objects were
+    prepared in an earlier cell) its ``backward`` runs."""
+    return bool(facts.prepare_calls()) or any(c.method == "backward" for c in accelerator_calls(facts))
+
+
+def prepare_behind(facts: FileFacts, site: CallSite) -> Optional[CallSite]:
+    """The ``accelerator.prepare(...)`` call behind a prepared optimizer that ``site``'s function steps
+    (``self.opt.step()`` in a method, ``opt.step()`` in a helper that receives it), for a function that never
+    names the accelerator itself. A prepared model alone does not count: evaluating or saving it is no
+    training step."""
+    for step in facts.method_calls("step"):
+        if step.scope is not site.scope or step.receiver is None:
+            continue
+        value = facts.value(step.receiver, step.order, step.scope)
+        prepared = value.trait(TRAIT_PREPARED)
+        if value.kind == "optimizer" and prepared is not None:
+            return prepared
+    return None
+
+
+def reachable_accelerator(facts: FileFacts, prepare: CallSite, site: CallSite) -> Optional[cst.BaseExpression]:
+    """The receiver of ``prepare`` when ``site``'s function can name the same accelerator (``self.acc`` in a
+    method of the same class, or a global name), else None."""
+    key = name_key(prepare.receiver)
+    if key is None:
+        return None
+    if key.startswith("self."):
+        same_class = site.scope.class_name is not None and site.scope.class_name == prepare.scope.class_name
+        return prepare.receiver if same_class else None
+    if facts.assumed_instance(key) is not None:
+        return prepare.receiver  # never bound in the file: one global name everywhere
+    here = facts.binding_at(key, site.order, site.scope)
+    there = facts.binding_at(key, prepare.order, prepare.scope)
+    return prepare.receiver if here is not None and here is there else None
 
 
 def accelerator_kwargs(facts: FileFacts, receiver: cst.BaseExpression, order: int, scope: Scope) -> dict[str, cst.BaseExpression]:

@@ -354,6 +354,9 @@ class _Collector:
             self.facts.name_loads.setdefault(key, []).append((self.tick(), node, self.scope))
             self.facts._node_position[id(node)] = (self.order + 1, self.scope)
             return False
+        owner = name_key(node.value)
+        if owner is not None:
+            self.facts.member_uses.setdefault(owner, set()).add(node.attr.value)
         self.walk(node.value)
         return False
 

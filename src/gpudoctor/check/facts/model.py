@@ -98,6 +98,11 @@ class FileFacts(ExpressionValues):
         self._bound_names: set[str] = set()
         # Well-known names used without an import (a snippet, a notebook cell): name -> what it was read as.
         self.assumed_imports: dict[str, str] = {}
+        # Members read on each name or ``self.x`` (``accelerator.prepare`` -> "accelerator": {"prepare"}).
+        self.member_uses: dict[str, set[str]] = {}
+        # Names never bound here but used like a well-known object (see ``assumed_instance``): name -> qualname.
+        self.assumed_instances: dict[str, str] = {}
+        self._instance_cache: dict[str, Optional[apis.InstanceProfile]] = {}
         self._functions_by_name: Optional[dict[str, list[Scope]]] = None
         self._module_classes: Optional[set[str]] = None
 
@@ -108,8 +113,10 @@ class FileFacts(ExpressionValues):
             return None
         if isinstance(node, cst.Name):
             q = self.imports.get(node.value)
-            if q is None and node.value in apis.WELL_KNOWN_NAMES and node.value not in self._bound_names:
-                q = self.assumed_imports[node.value] = apis.WELL_KNOWN_NAMES[node.value]
+            if q is None and node.value not in self._bound_names:
+                known = apis.WELL_KNOWN_NAMES.get(node.value) or apis.well_known_class(node.value)
+                if known:
+                    q = self.assumed_imports[node.value] = known
             return apis.canonical(q) if q else None
         if isinstance(node, cst.Attribute):
             head = self.qualname(node.value)
@@ -118,15 +125,37 @@ class FileFacts(ExpressionValues):
             return None
         return None
 
+    def assumed_instance(self, key: str) -> Optional[apis.InstanceProfile]:
+        """The library object ``key`` (a name or ``self.x``) stands for when the file never binds it but uses it
+        like one (``accelerator.prepare(...)`` in a notebook cell whose accelerator came from an earlier cell)."""
+        if key in self._instance_cache:
+            return self._instance_cache[key]
+        profile = None
+        if key not in self._bound_names and key not in self.imports and key not in apis.WELL_KNOWN_NAMES:
+            attr = key[5:] if key.startswith("self.") else key
+            if "." not in attr:
+                profile = apis.instance_profile(attr, self.member_uses.get(key, set()))
+        self._instance_cache[key] = profile
+        return profile
+
+    def _assumed_value(self, key: str) -> Optional[Value]:
+        profile = self.assumed_instance(key)
+        if profile is None:
+            return None
+        self.assumed_instances[key] = profile.qualname
+        # One node stands for the object everywhere (rules compare origins by identity): its first use.
+        first = self.name_loads[key][0][1] if self.name_loads.get(key) else None
+        return Value(profile.kind, first, {"assumed": key})
+
     @property
     def assumption_note(self) -> str:
-        """For messages: the well-known names this file uses without importing them, as they were read."""
-        if not self.assumed_imports:
+        """For messages: the well-known names this file uses without importing or binding them, as they were read."""
+        if not self.assumed_imports and not self.assumed_instances:
             return ""
-        names = ", ".join(
+        names = [
             f"`{name}`" if name == full else f"`{name}` as `{full}`" for name, full in sorted(self.assumed_imports.items())
-        )
-        return f" (Assumed {names}: used without an import, as in a snippet or notebook cell.)"
+        ] + [f"`{name}` as {_article(full)} `{full.split('.')[-1]}`" for name, full in sorted(self.assumed_instances.items())]
+        return f" (Assumed {', '.join(names)}: used without an import or assignment, as in a snippet or notebook cell.)"
 
     def calls_to(self, *qualnames: str) -> list[CallSite]:
         out: list[CallSite] = []
@@ -332,7 +361,7 @@ class FileFacts(ExpressionValues):
         if key is not None:
             binding = self.binding_at(key, order, scope)
             if binding is None:
-                return UNKNOWN
+                return self._assumed_value(key) or UNKNOWN
             value = self._value_of_binding(binding)
             return self._apply_mutations(key, value, binding, order, scope)
         if isinstance(node, cst.Call):
@@ -614,3 +643,7 @@ def _device_literal(node: cst.CSTNode) -> Optional[str]:
     if number is not None:
         return str(number)
     return None
+
+
+def _article(qualname: str) -> str:
+    return "an" if qualname.split(".")[-1][:1] in "AEIOU" else "a"

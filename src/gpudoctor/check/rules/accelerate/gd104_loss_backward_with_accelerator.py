@@ -7,7 +7,9 @@ import libcst as cst
 from gpudoctor.check import versions
 from gpudoctor.check.facts import FileFacts, int_value
 from gpudoctor.check.finding import Applicability, Edit, Fix, Severity
-from gpudoctor.check.queries import accelerator_for, accelerator_kwargs, mixed_precision_fp16, snippet
+from gpudoctor.check.queries import (
+    accelerator_for, accelerator_kwargs, mixed_precision_fp16, prepare_behind, reachable_accelerator, snippet,
+)
 from gpudoctor.check.rule import Rule
 
 # fp16, accumulation or DeepSpeed named outside the Accelerator call (launch comments, config flags).
@@ -31,19 +33,24 @@ class LossBackwardWithAccelerator(Rule):
             if site.qualname is not None or site.receiver is None:
                 continue  # torch.autograd.backward(...) or a module attribute
             accelerator = accelerator_for(facts, site)
+            receiver = accelerator.receiver if accelerator is not None else None
             if accelerator is None:
-                continue  # this function never touches the accelerator
+                # A method or helper that steps an optimizer prepared elsewhere (``self.opt.step()``).
+                accelerator = prepare_behind(facts, site)
+                if accelerator is None:
+                    continue  # this function never touches the accelerator
+                receiver = reachable_accelerator(facts, accelerator, site)
             receiver_value = facts.value(site.receiver, site.order, site.scope)
             if receiver_value.kind == "accelerator":
                 continue
-            acc_name = snippet(facts, accelerator.receiver)
+            acc_name = snippet(facts, receiver) if receiver is not None else "accelerator"
             loss = snippet(facts, site.receiver)
-            replacement = cst.Call(
-                func=cst.Attribute(value=accelerator.receiver.deep_clone(), attr=cst.Name("backward")),
-                args=[cst.Arg(site.receiver.deep_clone()), *[a.deep_clone() for a in site.node.args if a.keyword]],
-            )
             fix = None
-            if all(a.keyword is not None for a in site.node.args):
+            if receiver is not None and all(a.keyword is not None for a in site.node.args):
+                replacement = cst.Call(
+                    func=cst.Attribute(value=receiver.deep_clone(), attr=cst.Name("backward")),
+                    args=[cst.Arg(site.receiver.deep_clone()), *[a.deep_clone() for a in site.node.args if a.keyword]],
+                )
                 fix = Fix(f"Replace with `{acc_name}.backward({loss})`", Applicability.SAFE, (Edit(site.node, replacement),))
             kwargs = accelerator_kwargs(facts, accelerator.receiver, accelerator.order, accelerator.scope)
             steps = int_value(kwargs.get("gradient_accumulation_steps"))
@@ -65,7 +72,10 @@ class LossBackwardWithAccelerator(Rule):
                 "times too large; under DeepSpeed the engine's backward never runs. Under FSDP accelerate's backward "
                 "is `loss.backward()` as well, so there the risk is the fp16 loss scaling (a ShardedGradScaler) that "
                 "the launch config can turn on.",
-                fix_hint=f"Use `{acc_name}.backward({loss})`.",
+                fix_hint=f"Use `{acc_name}.backward({loss})`." if receiver is not None else (
+                    f"Call `backward` on the Accelerator that prepared the optimizer (`{snippet(facts, accelerator.node.func)}`): "
+                    f"pass it to this function and use `accelerator.backward({loss})`."
+                ),
                 fix=fix,
                 severity=severity,
             )

@@ -6,7 +6,9 @@ import libcst as cst
 
 from gpudoctor.check.facts import FileFacts
 from gpudoctor.check.finding import Applicability, Edit, Fix, Severity
-from gpudoctor.check.queries import accelerator_for, accelerator_kwargs, mixed_precision_fp16, snippet, string_value
+from gpudoctor.check.queries import (
+    accelerator_for, accelerator_kwargs, accelerator_trains, mixed_precision_fp16, snippet, string_value,
+)
 from gpudoctor.check.rule import Rule
 
 # fp16 named outside the Accelerator call (a launch comment, a config flag): the file hints at fp16 AMP.
@@ -28,10 +30,15 @@ class TorchClipWithAccelerator(Rule):
     triggers = ("clip_grad",)
 
     def check(self, facts: FileFacts):
-        if not facts.prepare_calls():
+        if not accelerator_trains(facts):
             return
         for site in facts.calls_to("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_"):
             accelerator = accelerator_for(facts, site)
+            if accelerator is None:
+                # The file's own helper that clips (``def clip(model): torch.nn.utils.clip_grad_norm_(...)``),
+                # called where the accelerator is used.
+                callers = (accelerator_for(facts, caller) for caller in facts.call_sites_of(site.scope))
+                accelerator = next((c for c in callers if c is not None), None) if site.scope.kind == "function" else None
             if accelerator is None:
                 continue
             kwargs = accelerator_kwargs(facts, accelerator.receiver, accelerator.order, accelerator.scope)

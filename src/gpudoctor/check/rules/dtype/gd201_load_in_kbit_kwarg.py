@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from gpudoctor.check import apis, versions
-from gpudoctor.check.facts import FileFacts, is_true, string_value
+from gpudoctor.check.facts import FileFacts, SubscriptAssignSite, dotted, is_true, string_value
 from gpudoctor.check.finding import Applicability, Edit, Fix, Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
@@ -28,21 +28,24 @@ class LoadInKbitKwarg(Rule):
             if site.qualname in _PIPELINE:
                 entries = self._dict_entries(facts, site.arg(keyword="model_kwargs"), site)
                 if entries:
-                    yield self._removed_argument(facts, site, [e.element for e in entries], "model")
+                    yield self._removed_argument(facts, site, entries, "model")
                 continue
             owner_method = apis.hf_class_method(site.qualname) if site.qualname else None
+            wrapper = site.qualname in apis.VALUE_HEAD_WRAPPERS_FROM_PRETRAINED
+            if wrapper:
+                owner_method = (site.qualname.split(".")[1], "from_pretrained")
             if not owner_method or owner_method[1] != "from_pretrained":
                 continue
             owner = owner_method[0]
             kbit = [a for a in site.node.args if a.keyword is not None and a.keyword.value in _KWARGS]
-            splat = [e.element for a in site.node.args if a.star == "**" for e in self._dict_entries(facts, a.value, site)]
+            splat = [e for a in site.node.args if a.star == "**" for e in self._dict_entries(facts, a.value, site)]
             if not kbit and not splat:
                 continue
             if apis.is_config_class(owner) or owner == "AutoConfig":
                 first = (kbit or splat)[0]
                 key, value = _key_value(first)
                 yield self.report(
-                    first,
+                    _node(first),
                     f"`{owner}.from_pretrained(..., {key}={snippet(facts, value)})`: a config does not quantize. The "
                     "keyword is silently ignored (no `quantization_config` is created), so the model built from "
                     "this config loads in full precision.",
@@ -50,32 +53,63 @@ class LoadInKbitKwarg(Rule):
                     "`from_pretrained` (from transformers); `from_config` cannot load quantized weights.",
                 )
             elif apis.is_model_class(owner):
-                yield self._removed_argument(facts, site, kbit or splat, owner, fixable=bool(kbit) and not splat)
+                yield self._removed_argument(
+                    facts, site, kbit or splat, owner, fixable=bool(kbit) and not splat, wrapper=wrapper
+                )
 
     @staticmethod
     def _dict_entries(facts: FileFacts, expr, site) -> list:
-        """``load_in_*`` entries of a dict display, given directly or through the name bound to it."""
+        """``load_in_*`` entries of a dict given directly or through the name bound to it: a display's
+        ``"load_in_8bit": True``, ``dict(load_in_8bit=True)``'s keyword, and ``kw["load_in_8bit"] = True``
+        stored into the dict before ``site``."""
+        binding = None
         if isinstance(expr, cst.Name):
             binding = facts.binding_at(expr.value, site.order, site.scope)
-            expr = binding.value if binding is not None else None
-        if not isinstance(expr, cst.Dict):
+            expr = binding.value if binding is not None and binding.kind == "assign" else None
+        found: list = []
+        if isinstance(expr, cst.Dict):
+            found = [e.element for e in facts.dict_entries if e.dict_node is expr and e.key in _KWARGS]
+        elif isinstance(expr, cst.Call) and dotted(expr.func) == "dict" and facts.binding_at("dict", site.order, site.scope) is None:
+            found = [a for a in expr.args if a.keyword is not None and a.keyword.value in _KWARGS]
+        else:
             return []
-        return [e for e in facts.dict_entries if e.dict_node is expr and e.key in _KWARGS]
+        if binding is not None:
+            for stored in facts.subscript_assigns:
+                if stored.base_key != binding.key or not binding.order < stored.order < site.order:
+                    continue
+                if not facts._same_namespace(stored.scope, site.scope, binding.key) or len(stored.target.slice) != 1:
+                    continue
+                index = stored.target.slice[0].slice
+                if isinstance(index, cst.Index) and string_value(index.value) in _KWARGS:
+                    found.append(stored)
+        return found
 
-    def _removed_argument(self, facts: FileFacts, site, kbit: list, owner: str, fixable: bool = False):
+    def _removed_argument(self, facts: FileFacts, site, kbit: list, owner: str, fixable: bool = False, wrapper: bool = False):
         version, _found = versions.assumed("transformers")
         mm = versions.major_minor(version) or (5, 0)
         described = versions.describe("transformers")
         keys = [_key_value(a)[0] for a in kbit]
         named = "`/`".join(f"{k}=" for k in keys)
-        via = f" (through `{snippet(facts, site.node.func)}(..., model_kwargs=...)`, passed on to `from_pretrained`)" if owner == "model" else ""
+        through_pipeline = owner == "model"
+        via = f" (through `{snippet(facts, site.node.func)}(..., model_kwargs=...)`, passed on to `from_pretrained`)" if through_pipeline else ""
+        if wrapper:
+            trl = versions.installed("trl")
+            via = (
+                f" (trl's `{owner}.from_pretrained` passes it on to transformers' `from_pretrained`"
+                + (
+                    f"; trl {trl}, installed here, no longer ships the value-head classes, so with it the import fails first"
+                    if (versions.major_minor(trl) or (0, 0)) >= (1, 0) else ""
+                )
+                + ")"
+            )
+            owner = "<model class>"
         if mm >= (5, 0):
             cls = "<model class>" if owner.startswith("Auto") or owner == "model" else owner
             message = (
                 f"`{named}` is no longer a `from_pretrained` argument{via}: with {described} it reaches the model's "
                 f"constructor and raises \"TypeError: {cls}.__init__() got an unexpected keyword argument '{keys[0]}'\""
                 + (" (e.g. `LlamaForCausalLM.__init__()`)" if cls == "<model class>" else "")
-                + (", which `pipeline` reports as \"ValueError: Could not load model ... with any of the following classes\"" if via else "")
+                + (", which `pipeline` reports as \"ValueError: Could not load model ... with any of the following classes\"" if through_pipeline else "")
                 + "."
             )
             severity = Severity.ERROR
@@ -88,7 +122,7 @@ class LoadInKbitKwarg(Rule):
         fix = self._fix(site, kbit) if fixable else None
         wanted = [k for a, k in zip(kbit, keys) if is_true(_key_value(a)[1])]
         return self.report(
-            kbit[0],
+            _node(kbit[0]),
             message,
             fix_hint=(
                 f"Use `quantization_config=BitsAndBytesConfig({', '.join(f'{k}=True' for k in wanted) or 'load_in_8bit=True'})`"
@@ -96,7 +130,7 @@ class LoadInKbitKwarg(Rule):
             ),
             severity=severity,
             fix=fix,
-            related=tuple((a, f"`{k}` is passed here too") for a, k in zip(kbit[1:], keys[1:])),
+            related=tuple((_node(a), f"`{k}` is passed here too") for a, k in zip(kbit[1:], keys[1:])),
         )
 
     @staticmethod
@@ -152,7 +186,15 @@ _PIPELINE = {"transformers.pipeline", "transformers.pipelines.pipeline"}
 
 
 def _key_value(node) -> tuple[str, cst.BaseExpression]:
-    """(keyword, value) of a ``load_in_*=`` argument or a ``"load_in_*": value`` dict element."""
+    """(keyword, value) of a ``load_in_*=`` argument, a ``"load_in_*": value`` dict element or a
+    ``kw["load_in_*"] = value`` store."""
     if isinstance(node, cst.Arg):
         return node.keyword.value, node.value
+    if isinstance(node, SubscriptAssignSite):
+        return string_value(node.target.slice[0].slice.value), node.value
     return string_value(node.key), node.value
+
+
+def _node(entry) -> cst.CSTNode:
+    """The node to report for an argument, a dict element or a ``kw["load_in_*"] = value`` store."""
+    return entry.node if isinstance(entry, SubscriptAssignSite) else entry

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import libcst as cst
+
 from gpudoctor.check import apis
 from gpudoctor.check.facts import FileFacts, call_arg
 from gpudoctor.check.finding import Severity
@@ -18,10 +20,12 @@ class ClipScaledGradients(Rule):
     code = "GD407"
     name = "clip-scaled-gradients"
     summary = "Gradient clipping of GradScaler-scaled gradients without scaler.unscale_(optimizer)"
-    triggers = ("GradScaler",)
+    triggers = ("GradScaler", ".scale(")  # a snippet's ``scaler.scale(loss)`` on a scaler made elsewhere
 
     def check(self, facts: FileFacts):
-        if not facts.calls_to(*apis.GRAD_SCALER):
+        if not facts.calls_to(*apis.GRAD_SCALER) and not any(
+            self._scaler(facts, site) is not None for site in facts.method_calls("scale")
+        ):
             return
         if facts.calls_to(*_XLA_DEVICE):
             return  # runs on a TPU: without CUDA, GradScaler disables itself and scale() is the identity
@@ -34,7 +38,8 @@ class ClipScaledGradients(Rule):
             if self._unscaled_before(facts, clip, loop, scaler):
                 continue
             key = snippet(facts, backward.receiver)
-            enabled = call_arg(scaler, keyword="enabled")
+            # An assumed scaler (a snippet: made where we cannot see) has no constructor call to read.
+            enabled = call_arg(scaler, keyword="enabled") if isinstance(scaler, cst.Call) else None
             if enabled is not None and getattr(enabled, "value", None) == "False":
                 continue
             severity = Severity.ERROR
