@@ -80,6 +80,7 @@ class UnpreparedObjectUsed(Rule):
                 and not facts.value(receiver).has(TRAIT_PREPARED)
                 and stale not in self._prepared_arguments(facts)
                 and prepared == self._closest_unused(facts, outputs, stale)
+                and not self._trains_with_outputs(facts, site, outputs)
             ):
                 # A fragment: neither what was prepared nor what the loop uses is defined in the file, but prepare's
                 # output is dead while the loop trains with another object that never went through prepare.
@@ -130,6 +131,12 @@ class UnpreparedObjectUsed(Rule):
                 fix_hint=f"Prepare the DataLoader itself and wrap what prepare returns: `dl = {snippet(facts, site.node.func)}"
                 f"({snippet(facts, loader)})`, then iterate `{shown.replace(snippet(facts, loader), 'dl')}`.",
             )
+
+    def _trains_with_outputs(self, facts: FileFacts, site: CallSite, outputs: list[Binding]) -> bool:
+        """The loop already iterates or steps one of this prepare call's outputs: a dead output is then for
+        later (an eval loader), and the fragment's other objects may have been prepared in an earlier cell."""
+        keys = {b.key for b in outputs}
+        return any(stale in keys for _, _, stale, _ in self._training_uses(facts, site.order, "unknown"))
 
     @staticmethod
     def _prepared_arguments(facts: FileFacts) -> set[str]:
