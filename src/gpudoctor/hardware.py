@@ -66,6 +66,9 @@ CARDS: tuple[Card, ...] = (
 # The largest card most people fine-tune on (RTX 3090/4090, A10G, L4): above this, a run needs a
 # 40/80 GB data-centre card or sharding, whatever single GPU the file does not name.
 LARGEST_COMMON_GB = 24
+# The largest GPU training usually runs on (A100/H100 80 GB): what an unknown single GPU is assumed to be
+# when a warning must hold whatever the card (GD506).
+LARGEST_TRAINING_GB = 80
 
 
 def _normal(text: str) -> str:

@@ -113,10 +113,25 @@ def _gd506(path: Path):
     return check_source(path.read_text(), str(path), rules=[rule_by_code("GD506")])
 
 
-def test_unknown_hardware_uses_the_largest_common_card():
+def test_unknown_hardware_uses_the_largest_training_card():
     (finding,) = _gd506(UNKNOWN)
-    assert "~560 GB" in finding.message and "24 GB, the largest common card" in finding.message
+    assert "~560 GB" in finding.message and "more than 80 GB, the largest GPU training usually runs on" in finding.message
     assert _gd506(FITS) == []
+
+
+def test_unknown_hardware_passes_what_an_80gb_card_holds(tmp_path):
+    # 7B x 4 x 2 B = ~56 GB: out of reach of a 24 GB card, but an A100/H100 80 GB holds it, and the file
+    # does not say which it runs on.
+    script = tmp_path / "ft.py"
+    script.write_text(
+        "import torch\nfrom transformers import AutoModelForCausalLM\n"
+        'model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-7b-hf", dtype=torch.bfloat16)\n'
+        "optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)\n"
+    )
+    assert _gd506(script) == []
+    script.write_text(script.read_text().replace("torch.bfloat16", "torch.float32"))  # ~112 GB
+    (finding,) = _gd506(script)
+    assert "4 x 4 B/param (`float32` weights) = ~112 GB" in finding.message
 
 
 def test_declared_hardware_wins(monkeypatch):

@@ -162,14 +162,61 @@ _SIZE_IN_NAME = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*([bBmM])(?![a-zA-Z0-9])
 
 
 def checkpoint_name(facts: FileFacts, call: cst.Call, order: int, scope: Scope) -> Optional[str]:
-    """The checkpoint string of ``X.from_pretrained("org/name-7b", ...)`` (through one name binding)."""
-    arg = call_arg(call, 0, "pretrained_model_name_or_path")
-    text = string_value(arg)
-    if text is None and name_key(arg) is not None:
-        binding = facts.binding_at(name_key(arg), order, scope)
-        if binding is not None and binding.kind == "assign":
-            text = string_value(binding.value)
-    return text
+    """The checkpoint string of ``X.from_pretrained("org/name-7b", ...)``: a literal, through name bindings
+    and parameter defaults (``def main(name="gpt2-xl")``), or the default of the option an attribute reads
+    (``model_args.model_name_or_path`` with a dataclass ``field(default="huggyllama/llama-7b")``,
+    ``args.model`` with ``add_argument("--model", default=...)``)."""
+    return string_through(facts, call_arg(call, 0, "pretrained_model_name_or_path"), order, scope)
+
+
+def string_through(facts: FileFacts, node: Optional[cst.BaseExpression], order: int, scope: Scope, depth: int = 4) -> Optional[str]:
+    """The string ``node`` holds, followed through bindings, parameter defaults and option defaults."""
+    text = string_value(node)
+    if text is not None or node is None or depth <= 0:
+        return text
+    key = name_key(node)
+    if key is not None and (isinstance(node, cst.Name) or key.startswith("self.")):
+        binding = facts.binding_at(key, order, scope)
+        if binding is not None and binding.kind in ("assign", "param") and binding.value is not None:
+            return string_through(facts, binding.value, binding.order, binding.scope, depth - 1)
+        if binding is not None or isinstance(node, cst.Name):
+            return None
+    if isinstance(node, cst.Attribute):
+        return option_defaults(facts).get(node.attr.value)
+    return None
+
+
+def option_defaults(facts: FileFacts) -> dict[str, str]:
+    """Option name -> its string default, from dataclass fields (``name: str = field(default="x")`` or
+    ``= "x"``) and ``add_argument("--name", default="x")`` calls; names with two different defaults are left
+    out. Computed once per file."""
+    cached = getattr(facts, "_option_defaults", None)
+    if cached is not None:
+        return cached
+    found: dict[str, set[str]] = {}
+    for class_scope in facts.classes.values():
+        for name, bindings in class_scope.bindings.items():
+            for binding in bindings:
+                if binding.scope is not class_scope or binding.kind != "assign" or "." in name:
+                    continue
+                value = binding.value
+                if isinstance(value, cst.Call) and (facts.qualname(value.func) or "").endswith("field"):
+                    value = call_arg(value, keyword="default")
+                text = string_value(value)
+                if text is not None:
+                    found.setdefault(name, set()).add(text)
+    for site in facts.method_calls("add_argument"):
+        text = string_value(call_arg(site.node, keyword="default"))
+        if text is None:
+            continue
+        flags = [string_value(a.value) for a in site.node.args if a.keyword is None]
+        dest = string_value(call_arg(site.node, keyword="dest"))
+        names = {dest} if dest else {f.lstrip("-").replace("-", "_") for f in flags if f and f.startswith("--")}
+        for name in names:
+            found.setdefault(name, set()).add(text)
+    result = {name: next(iter(texts)) for name, texts in found.items() if len(texts) == 1}
+    facts._option_defaults = result  # type: ignore[attr-defined]
+    return result
 
 
 def params_from_name(name: Optional[str]) -> Optional[float]:
@@ -247,7 +294,7 @@ def with_kwarg(call: cst.Call, keyword: str, value: cst.BaseExpression) -> cst.C
 
 # What a file says about its GPUs, in comments, strings or a pasted OOM message.
 # "6x RTX 3070 Ti (8 GB each)", "2 x A100 80GB", "4×24GB"
-_COUNT_AND_SIZE = re.compile(r"\b(\d{1,2})\s*[x×]\s*[^\n,;]{0,30}?(\d{1,3}(?:\.\d+)?)\s*(GB|GiB|G)\b", re.IGNORECASE)
+_COUNT_AND_SIZE = re.compile(r"\b(\d{1,2})\s*[x×]\s*[^\n,;=]{0,30}?(\d{1,3}(?:\.\d+)?)\s*(GB|GiB|G)\b", re.IGNORECASE)
 # "a 24 GB GPU", "16GB VRAM", "8 GB 显存"
 _SIZE_GPU = re.compile(r"\b(\d{1,3}(?:\.\d+)?)\s*(GB|GiB)\s*(?:of\s+)?(?:GPU|VRAM|video memory|显存|graphics card)", re.IGNORECASE)
 # A pasted OOM message: "GPU 0 has a total capacty of 7.58 GiB"
@@ -260,6 +307,12 @@ _GPU_NAME = re.compile(
     r"\b(?:RTX\s*|GTX\s*|Tesla\s*|NVIDIA\s*)?(" + "|".join(sorted(_GPU_MEMORY_GB, key=len, reverse=True)) + r")(?:\s*Ti)?\b"
 )
 _GIB_PER_GB = 1.0737  # 1 GiB = 1.0737 GB
+# A card named with its size: "NVIDIA A100-SXM4-80GB", "A100 80GB", "A100-80G", "V100-SXM2-32GB"
+_GPU_NAME_SIZE = re.compile(
+    r"\b(?:RTX\s*|GTX\s*|Tesla\s*|NVIDIA\s*)?(?:" + "|".join(sorted(_GPU_MEMORY_GB, key=len, reverse=True))
+    + r")(?:[\s-]*(?:Ti|SXM\d?|PCIe|NVL))*[\s-]*(\d{2,3})\s*G(?:B|iB)?\b",
+    re.IGNORECASE,
+)
 
 
 def stated_gpus(source: str, model_names: bool = False) -> Optional[tuple[int, float, str]]:
@@ -280,6 +333,9 @@ def stated_gpus(source: str, model_names: bool = False) -> Optional[tuple[int, f
         return 1, size, match.group(0)
     if not model_names:
         return None
+    match = _GPU_NAME_SIZE.search(source)
+    if match:
+        return 1, float(match.group(1)), match.group(0).strip()
     match = _SIZE_EACH.search(source)
     if match:
         size = float(match.group(1)) * (_GIB_PER_GB if match.group(2).lower() == "gib" else 1.0)

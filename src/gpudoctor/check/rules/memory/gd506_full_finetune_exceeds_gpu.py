@@ -29,14 +29,15 @@ class FullFinetuneExceedsGpu(Rule):
     name = "full-finetune-exceeds-gpu"
     summary = "Full fine-tune with Adam whose weights+grads+Adam state exceed the GPU memory the file states"
     severity = Severity.WARNING
-    preview = True
+    preview = False
     triggers = ("from_pretrained",)
 
     def check(self, facts: FileFacts):
         if "requires_grad" in facts.source or any(c.qualname in apis.DATA_PARALLEL for c in facts.calls):
             return  # frozen parts (unknown trained size), or DataParallel (GD112 speaks)
-        gpus = hardware.for_file(stated_gpus(facts.source))
+        gpus = hardware.for_file(stated_gpus(facts.source, model_names=True))
         sharded_in_file = bool(_SHARDED.search(facts.source))
+        processes = _stated_processes(facts.source)
         seen = set()
         for model, site, how in trained_models(facts):
             if site.qualname in apis.GET_PEFT_MODEL:
@@ -49,13 +50,12 @@ class FullFinetuneExceedsGpu(Rule):
                 continue
             # ZeRO/FSDP, or a device map spreading the layers: all GPUs together hold the model.
             sharded = sharded_in_file or value.has(TRAIT_DISPATCHED)
-            if gpus is None and sharded:
+            # How many GPUs share it: the stated GPUs, else (ZeRO/FSDP: one GPU a process) the stated launch.
+            count = gpus.count if gpus is not None and gpus.count > 1 else None
+            if count is None and sharded_in_file and processes:
+                count = processes
+            if sharded and count is None:
                 continue  # spread over an unknown number of GPUs: nothing to compare with
-            if gpus is not None:
-                count, per_gpu = gpus.count, gpus.gb_each
-                capacity = per_gpu * count if sharded else per_gpu
-            else:
-                capacity = hardware.LARGEST_COMMON_GB
             optimizer = self._adam(facts, site)
             if optimizer is None:
                 continue
@@ -65,23 +65,36 @@ class FullFinetuneExceedsGpu(Rule):
             if params is None:
                 continue
             bytes_per_weight, dtype_note = weight_bytes(facts, origin.node, value)
-            per_param = 4 * bytes_per_weight
-            need = params * per_param / _GB
+            need = params * 4 * bytes_per_weight / _GB
+            per_gpu = gpus.gb_each if gpus is not None else float(hardware.LARGEST_TRAINING_GB)
+            capacity = per_gpu * count if sharded else per_gpu
             if need <= capacity:
                 continue
             seen.add(id(origin.node))
             if gpus is None:
                 against = (
-                    f"more than {capacity} GB, the largest common card (RTX 3090/4090, A10G, L4), and the hardware "
-                    "is unknown (no `--gpus`, no `[tool.gpudoctor] gpus`, no local GPU, none named in the file). "
-                    + ("Only a 40/80 GB data-centre GPU can hold it unsharded" if need <= 80 else "No single GPU holds it")
+                    f"more than {hardware.LARGEST_TRAINING_GB} GB, the largest GPU training usually runs on "
+                    f"(A100/H100 80 GB), and far more than a common {hardware.LARGEST_COMMON_GB} GB card "
+                    "(RTX 3090/4090, A10G, L4); the hardware is not stated (no `--gpus`, no `[tool.gpudoctor] gpus`, "
+                    "no local GPU, none named in the file)"
                 )
+                if sharded:
+                    against += (
+                        f", and sharded over the {count} process{'es' if count > 1 else ''} the file launches "
+                        f"it is ~{need / count:.0f} GB each"
+                    )
+                against += ". This runs out of memory"
             else:
                 bound = (
                     f"{count} x {per_gpu:.0f} GB = {capacity:.0f} GB in all (sharded)" if sharded
                     else f"{per_gpu:.0f} GB per GPU (nothing shards the model, so each GPU holds all of it)"
                 )
                 against = f"but the GPUs are {gpus.describe()}: {bound}. This runs out of memory"
+            if site.qualname in apis.TRAINERS and _args_from_command_line(facts):
+                against += (
+                    " unless the command line adds sharding (`--deepspeed` with ZeRO-3 or `--fsdp full_shard`), "
+                    "which the file cannot show: its TrainingArguments are parsed from the command line"
+                )
             yield self.report(
                 site.node,
                 f"Full fine-tuning of `{name}` (~{params / 1e9:g}B parameters by its name) with {optimizer} via {how}: "
@@ -109,3 +122,17 @@ class FullFinetuneExceedsGpu(Rule):
                 return None
             return "AdamW (the Trainer default)"
         return None
+
+
+_PROCESS_COUNT = re.compile(r"""(?:num_processes|nproc[_-]per[_-]node|num_gpus)["']?\s*[=:\s]\s*["']?(\d+)\b""")
+_CLI_ARGS = re.compile(r"parse_args_into_dataclasses|parse_json_file|parse_yaml_file|parse_dict")
+
+
+def _stated_processes(source: str) -> Optional[int]:
+    """The process count a launch line in the file states (``--num_processes=8``, ``--nproc_per_node 4``)."""
+    counts = {int(m.group(1)) for m in _PROCESS_COUNT.finditer(source)}
+    return counts.pop() if len(counts) == 1 and min(counts) >= 1 else None
+
+
+def _args_from_command_line(facts: FileFacts) -> bool:
+    return bool(_CLI_ARGS.search(facts.source))
