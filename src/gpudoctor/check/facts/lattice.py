@@ -129,6 +129,22 @@ class ExpressionValues:
             cache[id(scope)] = found
         return found
 
+    def bindings_built_by(self, call: cst.Call) -> list["Binding"]:
+        """The assignments (in any scope, ``self.x`` included) that hold the object ``call`` built: directly
+        (``opt = SGD(...)``), through temporaries and the file's own helpers (``self.opt = make_opt(...)``)."""
+        index = self.__dict__.get("_bindings_built_by")
+        if index is None:
+            index = {}
+            for scope in (self.module_scope, *self.functions):
+                for bindings in scope.bindings.values():
+                    for b in bindings:
+                        if b.kind == "assign" and isinstance(b.value, (cst.Name, cst.Call)):
+                            origin = self.value(b.value, b.order, b.scope).origin().node
+                            if origin is not None:
+                                index.setdefault(id(origin), []).append(b)
+            self.__dict__["_bindings_built_by"] = index
+        return index.get(id(call), [])
+
     def built_by(self, node: Optional[cst.CSTNode], order: int, scope: "Scope", depth: int = 0) -> Optional[cst.Call]:
         """The library call an expression was built by, through names, temporaries, parameters (the first call
         that passes one) and the file's own helpers (``config = make_config()`` ... ``def make_config():

@@ -165,6 +165,28 @@ def _descend(facts, site, via, depth, out, seen) -> None:
             _descend(facts, inner, via, depth - 1, out, seen)
 
 
+def calling_loops(facts: FileFacts, scope: Scope, depth: int = 3) -> list[tuple[LoopFrame, CallSite]]:
+    """The loops that run the file's own function ``scope`` through at most ``depth`` calls: (the loop, the
+    loop's call that leads into ``scope``). ``for batch in loader: self.train_step(batch)`` runs the body of
+    ``train_step`` once per batch."""
+    out: list[tuple[LoopFrame, CallSite]] = []
+    seen: set[int] = set()
+
+    def climb(target: Scope, level: int) -> None:
+        if level <= 0 or target.kind != "function" or id(target) in seen:
+            return
+        seen.add(id(target))
+        for call in facts.call_sites_of(target):
+            loop = innermost_loop(call)
+            if loop is not None:
+                out.append((loop, call))
+            elif call.scope.kind == "function":
+                climb(call.scope, level - 1)
+
+    climb(scope, depth)
+    return out
+
+
 def trainer_in_file(facts: FileFacts) -> bool:
     return bool(facts.calls_to(*apis.TRAINERS))
 

@@ -7,6 +7,9 @@ from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.loop._common import is_backward, reach, receiver_kind
 
+_BUILTINS = {"print", "len", "range", "enumerate", "zip", "float", "int", "str", "sum", "min", "max", "abs", "round",
+             "list", "dict", "tuple", "set", "sorted", "isinstance", "getattr", "setattr", "hasattr", "next", "iter",
+             "open", "format", "repr", "any", "all", "map", "filter", "type", "super", "bool"}
 _NOT_MODULES = {"trainer", "accelerator", "optimizer", "scheduler", "dataloader", "tokenizer", "training_args"}
 
 
@@ -56,6 +59,8 @@ class EvalWithoutTrain(Rule):
                 if id(node) in reported:
                     continue
                 key = snippet(facts, site.receiver)
+                if via is not None:
+                    key = self._argument_for(facts, site, via) or key  # ``evaluate(model, ...)``: the caller's model
                 if trained and key not in trained and not key.startswith("self."):
                     continue  # e.g. a frozen teacher that stays in eval mode on purpose
                 if via is not None and self._maybe_other_module(facts, site, via, loop, trained):
@@ -95,6 +100,22 @@ class EvalWithoutTrain(Rule):
         return len(values) > 1 and any(snippet(facts, v) not in trained for v in values)
 
     @staticmethod
+    def _argument_for(facts: FileFacts, site, via) -> str | None:
+        """The caller's argument (at ``via``) for the helper parameter that ``site`` calls ``.eval()`` on."""
+        binding = facts.binding_at(snippet(facts, site.receiver), site.order, site.scope)
+        if binding is None or binding.kind != "param" or not isinstance(binding.target, cst.Param):
+            return None
+        callee = next(iter(facts.callee_scopes(via)), None)
+        if callee is None or binding.scope is not callee:
+            return None
+        params = [*callee.node.params.posonly_params, *callee.node.params.params]
+        position = next((i for i, p in enumerate(params) if p is binding.target), None)
+        if position is not None and callee.class_name and params and params[0].name.value == "self":
+            position -= 1
+        arg = via.arg(position, binding.target.name.value)
+        return snippet(facts, arg) if arg is not None else None
+
+    @staticmethod
     def _trained_keys(facts: FileFacts, calls) -> set[str]:
         """Names called like a model (``model(x)``) in the loop: the modules being trained."""
         keys = set()
@@ -103,6 +124,8 @@ class EvalWithoutTrain(Rule):
                 continue
             func = site.node.func
             if site.method is None and site.qualname is None:
+                if isinstance(func, cst.Name) and (func.value in _BUILTINS or facts.callee_scopes(site)):
+                    continue  # ``print(...)``, ``evaluate(model, ...)``: not a module being trained
                 text = facts.module.code_for_node(func)
                 keys.add(text)
             elif site.method == "forward" and site.receiver is not None:

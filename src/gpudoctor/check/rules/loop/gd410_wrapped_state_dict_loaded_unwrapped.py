@@ -63,7 +63,7 @@ class WrappedStateDictLoadedUnwrapped(Rule):
             path = call_arg(save.node, 1, "f")
             if obj is None or path is None:
                 continue
-            for state_call in self._state_dict_calls(facts, obj, save):
+            for state_call, keys in self._state_dict_calls(facts, obj, save):
                 owner = state_call.func.value
                 value = facts.value(owner, save.order, save.scope)
                 wrapper = value.trait("wrapper")
@@ -72,37 +72,51 @@ class WrappedStateDictLoadedUnwrapped(Rule):
                         wrapper = "DistributedDataParallel (from accelerator.prepare)"
                     else:
                         continue
-                yield self._path_text(facts, path), save, snippet(facts, owner), wrapper.split(".")[-1]
+                yield (self._path_text(facts, path), keys), save, snippet(facts, owner), wrapper.split(".")[-1]
 
-    def _state_dict_calls(self, facts: FileFacts, obj: cst.BaseExpression, save: CallSite) -> Iterator[cst.Call]:
+    def _state_dict_calls(
+        self, facts: FileFacts, obj: cst.BaseExpression, save: CallSite, keys: tuple = ()
+    ) -> Iterator[tuple[cst.Call, tuple]]:
+        """The ``.state_dict()`` calls a saved object holds, with the checkpoint keys that lead to each
+        (``{"model": net.state_dict()}`` -> ``("model",)``; a dict key that is not a string -> ``None``)."""
         if isinstance(obj, cst.Call) and isinstance(obj.func, cst.Attribute) and obj.func.attr.value == "state_dict":
-            yield obj
+            yield obj, keys
         elif isinstance(obj, cst.Dict):
             for element in obj.elements:
                 if isinstance(element, cst.DictElement):
-                    yield from self._state_dict_calls(facts, element.value, save)
+                    yield from self._state_dict_calls(facts, element.value, save, (*keys, string_value(element.key)))
         else:
             key = name_key(obj)
             if key is not None:
                 binding = facts.binding_at(key, save.order, save.scope)
                 if binding is not None and binding.kind == "assign" and binding.value is not None and binding.value is not obj:
-                    yield from self._state_dict_calls(facts, binding.value, save)
+                    yield from self._state_dict_calls(facts, binding.value, save, keys)
 
-    def _loaded_path(self, facts: FileFacts, load: CallSite) -> Optional[str]:
+    def _loaded_path(self, facts: FileFacts, load: CallSite) -> Optional[tuple[str, tuple]]:
+        """(the path ``torch.load`` read, the checkpoint keys the loaded state dict sits under):
+        ``ckpt = torch.load(p)`` ... ``load_state_dict(ckpt["model"])`` -> ``(p, ("model",))``."""
         arg = call_arg(load.node, 0, "state_dict")
-        for _ in range(3):
+        keys: tuple = ()
+        order, scope = load.order, load.scope
+        for _ in range(6):
             if arg is None:
                 return None
+            if isinstance(arg, cst.Subscript) and len(arg.slice) == 1 and isinstance(arg.slice[0].slice, cst.Index):
+                index = string_value(arg.slice[0].slice.value)
+                if index is None:
+                    return None
+                keys, arg = (index, *keys), arg.value
+                continue
             if isinstance(arg, cst.Call) and facts.qualname(arg.func) == "torch.load":
                 path = call_arg(arg, 0, "f")
-                return self._path_text(facts, path) if path is not None else None
+                return (self._path_text(facts, path), keys) if path is not None else None
             key = name_key(arg)
             if key is None:
                 return None
-            binding = facts.binding_at(key, load.order, load.scope)
+            binding = facts.binding_at(key, order, scope)
             if binding is None or binding.kind != "assign":
                 return None
-            arg = binding.value
+            arg, order, scope = binding.value, binding.order, binding.scope
         return None
 
     @staticmethod

@@ -6,6 +6,7 @@ import libcst as cst
 
 from gpudoctor.check import apis
 from gpudoctor.check.facts import FileFacts, name_key
+from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import _parameters_owner, snippet
 from gpudoctor.check.rule import Rule
 
@@ -35,36 +36,89 @@ class OptimizerBeforeAdapters(Rule):
             model_key = name_key(owner) if owner is not None else None
             if model_key is None:
                 continue
-            # Where the optimizer object is held: ``opt = SGD(...)``, and names it reaches through
-            # temporaries and the file's own helpers (``optimizer = make_optimizer()``).
-            holders = [b for b in _bindings(facts) if b.value is not None and b.kind == "assign"
-                       and isinstance(b.value, (cst.Name, cst.Call)) and facts.value(b.value, b.order, b.scope).origin().node is site.node]
+            # Where the optimizer object is held: ``opt = SGD(...)``, ``self.optimizer = ...``, and names it
+            # reaches through temporaries and the file's own helpers (``optimizer = make_optimizer()``).
+            holders = facts.bindings_built_by(site.node)
             for holder in holders:
                 change = self._change_after(facts, holder, model_key)
-                if change is None:
-                    continue
-                node, what, order = change
-                aliases = {b.key for b in holders if b.scope is holder.scope}
-                rebound = [b for key in aliases for b in holder.scope.bindings.get(key, ()) if b.order > order and b not in holders]
-                if rebound or not any(facts.loads_of(key, after=order, scope=holder.scope) for key in aliases):
-                    continue  # rebuilt after the change, or never used again
-                # Reported where the user fixes it (the optimizer moves below the change), the change as related.
-                related = [(node, f"{what} here, after the optimizer was built")]
-                if holder.value is not site.node:
-                    related.append((site.node, "the optimizer is built here"))
-                yield self.report(
-                    holder.value,
-                    f"`{holder.key}` is built over `{model_key}.parameters()` (`{snippet(facts, site.node)}`) before "
-                    f"{what}: the optimizer still holds the old parameter tensors, so it updates tensors the model no "
-                    "longer uses (or frozen ones with no gradient) and the new parameters never change.",
-                    fix_hint=f"Create `{holder.key}` after `{snippet(facts, node, 50)}`, over the final trainable parameters.",
-                    related=tuple(related),
-                )
+                if change is not None:
+                    node, what, order = change
+                    aliases = {b.key for b in holders if b.scope is holder.scope}
+                    rebound = [b for key in aliases for b in holder.scope.bindings.get(key, ()) if b.order > order and b not in holders]
+                    if rebound or not any(facts.loads_of(key, after=order, scope=holder.scope) for key in aliases):
+                        continue  # rebuilt after the change, or never used again
+                else:
+                    change = self._change_in_later_method(facts, holder, model_key)
+                    if change is None:
+                        continue
+                    node, what, order = change
+                yield self._report(facts, site, holder, model_key, node, what)
                 break
 
-    def _change_after(self, facts: FileFacts, holder, model_key) -> Optional[tuple[cst.CSTNode, str, int]]:
+    def _report(self, facts: FileFacts, site, holder, model_key: str, node, what: str):
+        # Reported where the user fixes it (the optimizer moves below the change), the change as related.
+        related = [(node, f"{what} here, after the optimizer was built")]
+        if holder.value is not site.node:
+            related.append((site.node, "the optimizer is built here"))
+        resized = isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "resize_token_embeddings"
+        effect = (
+            "transformers keeps the input embedding's Parameter (its data is swapped), but when the output "
+            "embeddings are not tied to it the resized output head is a new Parameter the optimizer does not hold: "
+            "the output layer never trains (and an optimizer that already stepped holds state of the old shape)"
+            if resized else
+            "the optimizer still holds the old parameter tensors, so it updates tensors the model no longer uses (or "
+            "frozen ones with no gradient) and the new parameters never change"
+        )
+        return self.report(
+            holder.value,
+            f"`{holder.key}` is built over `{model_key}.parameters()` (`{snippet(facts, site.node)}`) before "
+            f"{what}: {effect}.",
+            fix_hint=f"Create `{holder.key}` after `{snippet(facts, node, 50)}`, over the final trainable parameters.",
+            related=tuple(related),
+            # Tied embeddings (GPT-2) keep every Parameter: the file cannot show whether the model ties them.
+            severity=Severity.WARNING if resized else None,
+        )
+
+    def _change_in_later_method(self, facts: FileFacts, holder, model_key: str) -> Optional[tuple[cst.CSTNode, str, int]]:
+        """Instance timelines: ``self.optimizer`` is built over ``self.model.parameters()`` in one method, another
+        method that runs later on the same instance changes ``self.model`` (``exp.setup_lora()`` after the
+        constructor), and a method after that uses ``self.optimizer``."""
+        class_name = holder.scope.class_name
+        if not (class_name and holder.key.startswith("self.") and model_key.startswith("self.")):
+            return None
+        methods = [f for f in facts.functions if f.class_name == class_name and f.parent is facts.classes.get(class_name)]
+        changes = []
+        for method in methods:
+            if method is not holder.scope:
+                change = self._change_after(facts, holder, model_key, scope=method, after=-1)
+                if change is not None:
+                    changes.append((method, change))
+        if not changes:
+            return None
+        loads = [(u[2], u[0]) for u in facts.name_loads.get(holder.key, ()) if u[2].class_name == class_name]
+        rebinds = [(b.scope, b.order) for b in facts.class_attrs.get(class_name, {}).get(holder.key, ()) if b is not holder]
+        for timeline in _timelines(facts, class_name, methods):
+            start = _position(timeline, holder.scope, holder.order)
+            if start is None:
+                continue
+            for method, (node, what, order) in changes:
+                at = _position(timeline, method, order)
+                if at is None or at < start:
+                    continue
+                uses = [p for p in (_position(timeline, s, o) for s, o in loads) if p is not None and p > at]
+                if not uses:
+                    continue
+                first_use = min(uses)
+                if any(start < p < first_use for p in (_position(timeline, s, o) for s, o in rebinds) if p is not None):
+                    continue  # the optimizer is rebuilt after the change
+                return node, what, order
+        return None
+
+    def _change_after(self, facts: FileFacts, holder, model_key, scope=None, after=None) -> Optional[tuple[cst.CSTNode, str, int]]:
+        scope = holder.scope if scope is None else scope
+        after = holder.order if after is None else after
         for site in facts.calls:
-            if site.order <= holder.order or site.scope is not holder.scope:
+            if site.order <= after or site.scope is not scope:
                 continue
             if site.qualname in apis.GET_PEFT_MODEL or site.qualname in _INJECT:
                 if name_key(site.arg(0, "model")) == model_key:
@@ -73,7 +127,7 @@ class OptimizerBeforeAdapters(Rule):
                 return site.node, f"`{snippet(facts, site.node)}` replaces parameters", site.order
         # model.head = nn.Linear(...) / model.fc.weight = nn.Parameter(...), also through a temporary
         for assign in facts.attribute_assigns:
-            if assign.order <= holder.order or assign.scope is not holder.scope or _root(assign.target) != model_key:
+            if assign.order <= after or assign.scope is not scope or _root(assign.target) != model_key:
                 continue
             value = facts.value(assign.value, assign.order, assign.scope)
             origin = value.origin().node
@@ -84,12 +138,45 @@ class OptimizerBeforeAdapters(Rule):
         return None
 
 
-def _bindings(facts: FileFacts):
-    cached = getattr(facts, "_gd413_bindings", None)
-    if cached is None:
-        scopes = [facts.module_scope, *facts.functions]
-        cached = facts._gd413_bindings = [b for scope in scopes for bindings in scope.bindings.values() for b in bindings]
-    return cached
+def _timelines(facts: FileFacts, class_name: str, methods) -> list[list[tuple]]:
+    """Orders in which the methods of ``class_name`` run: each method as an entry point, and each instance
+    (``exp = Experiment(...)``: ``__init__``, then ``exp.setup_lora()``, ``exp.train(...)`` in source order).
+    A timeline is a list of segments (method scope, from order, to order); a ``self.m()`` call splices
+    ``m``'s segments in where it is called."""
+    by_name = {m.name: m for m in methods}
+
+    def flatten(method, depth=0, stack=()):
+        if depth > 4 or method in stack:
+            return []
+        segments, previous = [], -1
+        for call in facts.calls:
+            if (call.scope is method and isinstance(call.receiver, cst.Name) and call.receiver.value == "self"
+                    and call.method in by_name):
+                segments.append((method, previous, call.order))
+                segments += flatten(by_name[call.method], depth + 1, (*stack, method))
+                previous = call.order
+        segments.append((method, previous, 1 << 30))
+        return segments
+
+    timelines = [flatten(m) for m in methods]
+    init = by_name.get("__init__")
+    for made in facts.calls:
+        if not (isinstance(made.node.func, cst.Name) and made.node.func.value == class_name and made.qualname is None):
+            continue
+        timeline = flatten(init) if init is not None else []
+        for holder in facts._bindings_by_value.get(id(made.node), []):
+            for call in facts._calls_on_key.get(holder.key, ()):
+                if call.scope is holder.scope and call.order > holder.order and call.method in by_name:
+                    timeline += flatten(by_name[call.method])
+        timelines.append(timeline)
+    return timelines
+
+
+def _position(timeline, scope, order) -> Optional[tuple[int, int]]:
+    for i, (method, low, high) in enumerate(timeline):
+        if method is scope and low < order <= high:
+            return i, order
+    return None
 
 
 def _root(node: cst.BaseExpression) -> Optional[str]:

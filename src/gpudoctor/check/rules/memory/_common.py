@@ -35,7 +35,18 @@ def forward_target(facts: FileFacts, site: CallSite) -> Optional[cst.BaseExpress
         return None
     if facts.value(func, site.order, site.scope).kind == "model" or _MODEL_NAME.search(key):
         return func
+    if _mode_switched(facts, key, site):
+        return func
     return None
+
+
+def _mode_switched(facts: FileFacts, key: str, site: CallSite) -> bool:
+    """``encoder.eval()`` earlier in the same function, then ``encoder(imgs)``: an object with a mode switch
+    that is called is an ``nn.Module``, whatever its name."""
+    for call in facts._calls_on_key.get(key, ()):
+        if call.scope is site.scope and call.order < site.order and call.method in ("eval", "train") and not call.node.args:
+            return True
+    return False
 
 
 def grad_disabled(facts: FileFacts, context: tuple) -> bool:
