@@ -62,7 +62,7 @@ class TensorToResultDiscarded(Rule):
             and binding.value.func.value == "next"
         ):
             return None
-        part = bool(binding.path) and not self._zip_whole(binding)
+        part = self._part_of_item(binding)
         loop_end = self._loop_end(facts, binding)
         for call in facts.calls:
             if call.scope is not site.scope or not site.order < call.order < loop_end:
@@ -81,13 +81,25 @@ class TensorToResultDiscarded(Rule):
         return None
 
     @staticmethod
-    def _zip_whole(binding) -> bool:
-        """``for a, b in zip(xs, ys)``: ``b`` is a whole item of ``ys``, not a part of one."""
-        value = binding.value
-        return (
-            binding.kind == "for" and len(binding.path) == 1 and isinstance(value, cst.Call)
-            and isinstance(value.func, cst.Name) and value.func.value == "zip"
-        )
+    def _part_of_item(binding) -> bool:
+        """``for x, y in loader`` binds parts of one item; ``for i, batch in enumerate(loader)`` and ``for a, b
+        in zip(xs, ys)`` bind whole items."""
+        path, iterable = binding.path, binding.value
+        if binding.kind == "unpack" and isinstance(iterable, cst.Call) and iterable.args:
+            iterable = iterable.args[0].value  # next(it)
+        while path and isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Name):
+            name = iterable.func.value
+            args = [a.value for a in iterable.args if a.keyword is None and not a.star]
+            if name in ("enumerate", "zip") and args:
+                index = 0 if name == "enumerate" else path[0]
+                if name == "enumerate" and path[0] != 1 or index >= len(args):
+                    return True
+                iterable, path = args[index], path[1:]
+            elif name in ("tqdm", "iter", "list", "tuple", "sorted", "reversed") and args:
+                iterable = args[0]
+            else:
+                break
+        return bool(path)
 
     @staticmethod
     def _loop_end(facts: FileFacts, binding) -> int:
