@@ -474,7 +474,8 @@ def cpu_computed(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scop
     may be on another device."""
     if node is None or depth > 10:
         return None
-    q = creation_qualname(facts, node)
+    method_call = isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and facts.qualname(node.func) is None
+    q = None if method_call else creation_qualname(facts, node)
     if q is not None:
         return node, not (isinstance(node, cst.Call) and is_scalar_tensor(facts, node))
     if isinstance(node, cst.Call):
@@ -486,7 +487,7 @@ def cpu_computed(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scop
             return None
         if isinstance(node.func, cst.Attribute) and q is None:
             method = node.func.attr.value
-            if method in _REDUCTIONS | _ELEMENTWISE and all(
+            if method in _REDUCTIONS | _ELEMENTWISE | SAME_DEVICE_METHODS and all(
                 not _is_tensor_like_expr(facts, a.value) or a.keyword is not None and a.keyword.value in ("min", "max", "dim", "dtype")
                 for a in node.args
             ):
@@ -515,6 +516,11 @@ def cpu_computed(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scop
         if vectors:
             return vectors[0]
         return None
+    if isinstance(node, cst.Comparison) and len(node.comparisons) == 1:
+        sides = [cpu_computed(facts, side, order, scope, depth + 1, passed)
+                 for side in (node.left, node.comparisons[0].comparator)]
+        vectors = [s for s in sides if s is not None and s[1]]
+        return vectors[0] if vectors else None
     if isinstance(node, cst.UnaryOperation):
         return cpu_computed(facts, node.expression, order, scope, depth + 1, passed)
     key = name_key(node)
@@ -576,3 +582,72 @@ def _unmoved_data(facts: FileFacts, node: Optional[cst.CSTNode], order: int, sco
         site.scope is binding.scope and site.method in PLACING_METHODS and name_key(site.receiver) == key
         for site in facts.calls
     )
+
+
+_ACCELERATORS = ("cuda", "xpu", "mps", "npu")
+
+
+def on_accelerator(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0) -> Optional[cst.CSTNode]:
+    """The call that puts the tensor ``node`` on an accelerator (``x.cuda()``, ``x.to("cuda")``,
+    ``x.to(device)`` with ``device = "cuda" if ... else "cpu"``), followed through views, arithmetic,
+    comparisons, names and parameters (every call of the file passes one); None when not shown."""
+    if node is None or depth > 20:
+        return None
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        method = node.func.attr.value
+        if method in ("cuda", "xpu", "npu", "mps") and facts.qualname(node.func) is None:
+            return node
+        if method == "to":
+            target = call_arg(node, 0, "device")
+            if target is not None and accelerator_device(facts, target, order, scope, depth + 1):
+                return node
+            return None
+        if method in SAME_DEVICE_METHODS | SHAPE_METHODS | {"masked_fill", "ne", "eq", "lt", "gt", "le", "ge"}:
+            return on_accelerator(facts, node.func.value, order, scope, depth + 1)
+        return None
+    if isinstance(node, (cst.Subscript, cst.Attribute)):
+        if isinstance(node, cst.Attribute) and node.attr.value not in ("T", "mT", "data"):
+            return None
+        return on_accelerator(facts, node.value, order, scope, depth + 1)
+    if isinstance(node, cst.Comparison):
+        return on_accelerator(facts, node.left, order, scope, depth + 1)
+    if isinstance(node, cst.BinaryOperation):
+        return on_accelerator(facts, node.left, order, scope, depth + 1) or on_accelerator(facts, node.right, order, scope, depth + 1)
+    if isinstance(node, cst.UnaryOperation):
+        return on_accelerator(facts, node.expression, order, scope, depth + 1)
+    key = name_key(node)
+    if key is None or key.startswith("self."):
+        return None
+    binding = facts.binding_at(key, order, scope)
+    if binding is None:
+        return None
+    if binding.kind == "param":
+        arguments = list(facts._param_arguments(binding))
+        found = [on_accelerator(facts, *argument, depth + 1) for argument in arguments]
+        return found[0] if found and all(found) else None
+    if binding.kind != "assign" or binding.value is None:
+        return None
+    return on_accelerator(facts, binding.value, binding.order, binding.scope, depth + 1)
+
+
+def accelerator_device(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0) -> bool:
+    """``"cuda:0"``, ``torch.device("cuda")``, ``"cuda" if torch.cuda.is_available() else "cpu"`` (the
+    branch taken on a machine with a GPU), a name bound to one, ``x.device`` of a tensor on an accelerator."""
+    if node is None or depth > 24:
+        return False
+    text = string_value(node)
+    if text is not None:
+        return text.split(":")[0] in _ACCELERATORS
+    if isinstance(node, cst.IfExp):
+        return accelerator_device(facts, node.body, order, scope, depth + 1)
+    if isinstance(node, cst.Call) and facts.qualname(node.func) == "torch.device":
+        return accelerator_device(facts, call_arg(node, 0, "type"), order, scope, depth + 1)
+    if isinstance(node, cst.Attribute) and node.attr.value == "device":
+        return on_accelerator(facts, node.value, order, scope, depth + 1) is not None
+    key = name_key(node)
+    if key is None:
+        return False
+    binding = facts.binding_at(key, order, scope)
+    if binding is None or binding.kind != "assign":
+        return False
+    return accelerator_device(facts, binding.value, binding.order, binding.scope, depth + 1)
