@@ -484,7 +484,32 @@ class ExpressionValues:
                             value = self.element(self.value(yielded.value, yielded.order, yielded.scope), path)
                         if value.kind != "unknown":
                             return value
-        return self.element(self._item(self.value(iterable, order, scope)), path)
+        value = self.element(self._item(self.value(iterable, order, scope)), path)
+        if value.kind == "unknown":
+            return self._dataset_item(iterable, order, scope, path)
+        return value
+
+    def _dataset_item(self, iterable: cst.CSTNode, order: int, scope: "Scope", path: tuple[int, ...]) -> Value:
+        """``for x, y in MyDataset(...)``: what the file's own class returns from ``__getitem__`` (or yields
+        from ``__iter__``)."""
+        made = iterable
+        key = name_key(iterable)
+        if key is not None:
+            binding = self.binding_at(key, order, scope)
+            made = binding.value if binding is not None and binding.kind == "assign" else None
+        if not (isinstance(made, cst.Call) and isinstance(made.func, cst.Name) and made.func.value in self.classes):
+            return UNKNOWN
+        for callee in self.functions:
+            if callee.class_name != made.func.value or callee.name not in ("__getitem__", "__iter__"):
+                continue
+            sites = self.yields.get(id(callee), ()) if callee.name == "__iter__" else self.returns.get(id(callee), ())
+            for ret in sites:
+                if ret.value is None or ret.kind == "yield from":
+                    continue
+                value = self.element(self.value(ret.value, ret.order, ret.scope), path)
+                if value.kind != "unknown":
+                    return value
+        return UNKNOWN
 
     def _item(self, iterable: Value) -> Value:
         if iterable.kind == "dataloader":

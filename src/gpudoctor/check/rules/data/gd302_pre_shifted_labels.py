@@ -30,12 +30,19 @@ class PreShiftedLabels(Rule):
         if language_model_kind(facts) != "causal":
             return
         for labels, inputs, where in self._candidates(facts):
+            # ``labels = chunk[:, 1:]`` ... ``model(input_ids=input_ids, labels=labels)``: the local slices
+            given = labels
+            labels, inputs = _sliced_local(facts, labels), _sliced_local(facts, inputs)
             base = shifted_base(labels)
             if base is None:
                 continue
-            # The token ids: named so, the very tensor given as ``input_ids=``, or bound to ``batch["input_ids"]``.
+            # The token ids: named so, the very tensor given as ``input_ids=``, bound to ``batch["input_ids"]``,
+            # or the tensor ``input_ids=`` is cut from (``chunk[:, :-1]`` with ``chunk[:, 1:]`` as labels).
             same_as_inputs = inputs is not None and code(facts, inputs) == code(facts, base)
-            if not (_IDS.search(code(facts, base)) or same_as_inputs or _bound_to_input_ids(facts, base)):
+            cut_from_base = inputs is not None and shifted_base(inputs, upper=True) is not None and (
+                code(facts, shifted_base(inputs, upper=True)) == code(facts, base)
+            )
+            if not (_IDS.search(code(facts, base)) or same_as_inputs or cut_from_base or _bound_to_input_ids(facts, base)):
                 continue
             inputs_cut = inputs is not None and shifted_base(inputs, upper=True) is not None
             if inputs_cut and code(facts, shifted_base(inputs, upper=True)) != code(facts, base):
@@ -51,9 +58,10 @@ class PreShiftedLabels(Rule):
                     "batch_size (B*L) to match target batch_size (B*(L-1))\" (padded back to L, it silently "
                     "predicts two tokens ahead)"
                 )
+            via = "" if given is labels else f"`{snippet(facts, given)}` is "
             yield self.report(
-                labels,
-                f"`{snippet(facts, labels)}` shifts the labels by hand and they go to {where}, whose loss "
+                given,
+                f"{via}`{snippet(facts, labels)}`{': it' if via else ''} shifts the labels by hand and they go to {where}, whose loss "
                 f"(transformers `ForCausalLMLoss`) shifts them again; {effect}.",
                 fix_hint=(
                     f"Pass unshifted labels: `labels={snippet(facts, base)}` with the full `input_ids` (set `-100` "
@@ -92,6 +100,17 @@ class PreShiftedLabels(Rule):
         if key is None:
             return False
         return facts.value(func, site.order, site.scope).kind == "model" or bool(_MODEL_NAME.search(key))
+
+
+def _sliced_local(facts: FileFacts, node: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:
+    """A local name bound to a slice (``labels = chunk[:, 1:]``): the slice; anything else as it is."""
+    if not isinstance(node, cst.Name):
+        return node
+    order, scope = facts._position_of(node)
+    binding = facts.assignment_of(node, order, scope)
+    if binding is not None and binding.scope is scope and isinstance(binding.value, cst.Subscript):
+        return binding.value
+    return node
 
 
 def _bound_to_input_ids(facts: FileFacts, node: cst.BaseExpression) -> bool:

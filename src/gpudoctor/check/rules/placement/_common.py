@@ -452,3 +452,202 @@ def placement(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: 
             if facts._same_namespace(site.scope, scope, key):
                 return None
     return built
+
+
+# ------------------------------------------------------------------------------------ tensors computed on the CPU
+
+# torch functions that count or summarise their first input on its device (class weights from labels).
+_COUNTING = {"torch.bincount", "torch.histc", "torch.unique"}
+# Methods that reduce to one number unless given a dim.
+_REDUCTIONS = {"sum", "mean", "max", "min", "prod", "norm", "std", "var", "median", "amax", "amin"}
+_ELEMENTWISE = {"clamp", "clamp_", "clip", "reciprocal", "rsqrt", "sqrt", "log", "exp", "pow", "abs", "neg",
+                "float", "double", "half", "long", "to_dense", "contiguous", "clone", "detach", "view", "reshape",
+                "flatten", "squeeze", "unsqueeze", "softmax", "log_softmax", "normalize"}
+
+
+def cpu_computed(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0, passed=None) -> Optional[tuple[cst.CSTNode, bool]]:
+    """(the expression that makes it, whether it has elements beyond one) when ``node`` is a tensor computed
+    on the CPU and never placed: a ``torch.*`` creation without ``device=`` (``torch.tensor(w)``,
+    ``torch.from_numpy(a)``), a count over data the file never moves (``torch.bincount(labels)`` of a
+    parameter), and arithmetic, element-wise methods and reductions of those, through names, parameters and
+    the file's own helpers (a helper's parameters as that call passes them). None when anything on the way
+    may be on another device."""
+    if node is None or depth > 10:
+        return None
+    method_call = isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and facts.qualname(node.func) is None
+    q = None if method_call else creation_qualname(facts, node)
+    if q is not None:
+        return node, not (isinstance(node, cst.Call) and is_scalar_tensor(facts, node))
+    if isinstance(node, cst.Call):
+        q = facts.qualname(node.func)
+        if q in _COUNTING and call_arg(node, keyword="device") is None:
+            data = call_arg(node, 0, "input")
+            if _unmoved_data(facts, data, order, scope, depth + 1, passed):
+                return node, True
+            return None
+        if isinstance(node.func, cst.Attribute) and q is None:
+            method = node.func.attr.value
+            if method in _REDUCTIONS | _ELEMENTWISE | SAME_DEVICE_METHODS and all(
+                not _is_tensor_like_expr(facts, a.value) or a.keyword is not None and a.keyword.value in ("min", "max", "dim", "dtype")
+                for a in node.args
+            ):
+                found = cpu_computed(facts, node.func.value, order, scope, depth + 1, passed)
+                if found is None:
+                    return None
+                reduced = method in _REDUCTIONS and not node.args
+                return found[0], found[1] and not reduced
+            return None
+        if _own_function_call(facts, node):
+            site = facts.call_site(node)
+            found = None
+            for callee in facts.callee_scopes(site):
+                context = {"site": site, "callee": callee}
+                for ret in facts.returns.get(id(callee), ()):
+                    result = cpu_computed(facts, ret.value, ret.order, ret.scope, depth + 1, context)
+                    if result is None:
+                        return None  # one return that may be elsewhere: not proven
+                    found = found or result
+            return found
+        return None
+    if isinstance(node, cst.BinaryOperation):
+        sides = [cpu_computed(facts, side, order, scope, depth + 1, passed) for side in (node.left, node.right)]
+        # a CPU tensor with elements meets the other side: the result is on the CPU, or the operation raises
+        vectors = [s for s in sides if s is not None and s[1]]
+        if vectors:
+            return vectors[0]
+        return None
+    if isinstance(node, cst.Comparison) and len(node.comparisons) == 1:
+        sides = [cpu_computed(facts, side, order, scope, depth + 1, passed)
+                 for side in (node.left, node.comparisons[0].comparator)]
+        vectors = [s for s in sides if s is not None and s[1]]
+        return vectors[0] if vectors else None
+    if isinstance(node, cst.UnaryOperation):
+        return cpu_computed(facts, node.expression, order, scope, depth + 1, passed)
+    key = name_key(node)
+    if key is None or key.startswith("self."):
+        return None
+    binding = facts.binding_at(key, order, scope)
+    if binding is None:
+        return None
+    if binding.kind == "param":
+        arguments = _arguments(facts, binding, passed)
+        found = [cpu_computed(facts, *argument, depth + 1) for argument in arguments]
+        return found[0] if found and all(found) else None
+    if binding.kind != "assign" or binding.value is None or _placed_after(facts, key, binding, order):
+        return None
+    return cpu_computed(facts, binding.value, binding.order, binding.scope, depth + 1, passed)
+
+
+def _arguments(facts: FileFacts, binding, passed) -> list:
+    """(argument, order, scope) for parameter ``binding``: what the call being followed passes, else what
+    every call of the file passes."""
+    if passed is not None and passed["callee"] is binding.scope:
+        for argument in facts._param_arguments(binding):
+            if argument[1] == passed["site"].order and argument[2] is passed["site"].scope:
+                return [argument]
+        return []
+    return list(facts._param_arguments(binding))
+
+
+def _placed_after(facts: FileFacts, key: str, binding, order: int) -> bool:
+    """``key`` is moved (``key.to(...)`` / ``key.cuda()``) between its binding and ``order``."""
+    return any(
+        binding.order < site.order < order and site.method in PLACING_METHODS and name_key(site.receiver) == key
+        and site.scope is binding.scope
+        for site in facts.calls
+    )
+
+
+def _unmoved_data(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int, passed=None) -> bool:
+    """A CPU tensor, or a parameter that no call of the file passes and that its function never moves (the
+    labels a dataset holds, handed to a counting helper)."""
+    if node is None or depth > 10:
+        return False
+    if cpu_computed(facts, node, order, scope, depth + 1, passed) is not None:
+        return True
+    key = name_key(node)
+    if key is None or "." in key:
+        return False
+    binding = facts.binding_at(key, order, scope)
+    if binding is None or binding.kind != "param":
+        return False
+    arguments = _arguments(facts, binding, passed)
+    if arguments:
+        return all(_unmoved_data(facts, *argument, depth + 1) for argument in arguments)
+    if passed is not None and passed["callee"] is binding.scope:
+        return False  # the call being followed passes it by keyword or star: not followed
+    if facts.value(node, order, scope).kind != "unknown":
+        return False
+    return not any(
+        site.scope is binding.scope and site.method in PLACING_METHODS and name_key(site.receiver) == key
+        for site in facts.calls
+    )
+
+
+_ACCELERATORS = ("cuda", "xpu", "mps", "npu")
+
+
+def on_accelerator(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0) -> Optional[cst.CSTNode]:
+    """The call that puts the tensor ``node`` on an accelerator (``x.cuda()``, ``x.to("cuda")``,
+    ``x.to(device)`` with ``device = "cuda" if ... else "cpu"``), followed through views, arithmetic,
+    comparisons, names and parameters (every call of the file passes one); None when not shown."""
+    if node is None or depth > 20:
+        return None
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        method = node.func.attr.value
+        if method in ("cuda", "xpu", "npu", "mps") and facts.qualname(node.func) is None:
+            return node
+        if method == "to":
+            target = call_arg(node, 0, "device")
+            if target is not None and accelerator_device(facts, target, order, scope, depth + 1):
+                return node
+            return None
+        if method in SAME_DEVICE_METHODS | SHAPE_METHODS | {"masked_fill", "ne", "eq", "lt", "gt", "le", "ge"}:
+            return on_accelerator(facts, node.func.value, order, scope, depth + 1)
+        return None
+    if isinstance(node, (cst.Subscript, cst.Attribute)):
+        if isinstance(node, cst.Attribute) and node.attr.value not in ("T", "mT", "data"):
+            return None
+        return on_accelerator(facts, node.value, order, scope, depth + 1)
+    if isinstance(node, cst.Comparison):
+        return on_accelerator(facts, node.left, order, scope, depth + 1)
+    if isinstance(node, cst.BinaryOperation):
+        return on_accelerator(facts, node.left, order, scope, depth + 1) or on_accelerator(facts, node.right, order, scope, depth + 1)
+    if isinstance(node, cst.UnaryOperation):
+        return on_accelerator(facts, node.expression, order, scope, depth + 1)
+    key = name_key(node)
+    if key is None or key.startswith("self."):
+        return None
+    binding = facts.binding_at(key, order, scope)
+    if binding is None:
+        return None
+    if binding.kind == "param":
+        arguments = list(facts._param_arguments(binding))
+        found = [on_accelerator(facts, *argument, depth + 1) for argument in arguments]
+        return found[0] if found and all(found) else None
+    if binding.kind != "assign" or binding.value is None:
+        return None
+    return on_accelerator(facts, binding.value, binding.order, binding.scope, depth + 1)
+
+
+def accelerator_device(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0) -> bool:
+    """``"cuda:0"``, ``torch.device("cuda")``, ``"cuda" if torch.cuda.is_available() else "cpu"`` (the
+    branch taken on a machine with a GPU), a name bound to one, ``x.device`` of a tensor on an accelerator."""
+    if node is None or depth > 24:
+        return False
+    text = string_value(node)
+    if text is not None:
+        return text.split(":")[0] in _ACCELERATORS
+    if isinstance(node, cst.IfExp):
+        return accelerator_device(facts, node.body, order, scope, depth + 1)
+    if isinstance(node, cst.Call) and facts.qualname(node.func) == "torch.device":
+        return accelerator_device(facts, call_arg(node, 0, "type"), order, scope, depth + 1)
+    if isinstance(node, cst.Attribute) and node.attr.value == "device":
+        return on_accelerator(facts, node.value, order, scope, depth + 1) is not None
+    key = name_key(node)
+    if key is None:
+        return False
+    binding = facts.binding_at(key, order, scope)
+    if binding is None or binding.kind != "assign":
+        return False
+    return accelerator_device(facts, binding.value, binding.order, binding.scope, depth + 1)

@@ -10,6 +10,7 @@ from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.placement._common import (
     PLACING_METHODS,
+    cpu_computed,
     creation_qualname,
     file_sets_default_device,
     module_classes,
@@ -124,6 +125,13 @@ class LossWeightOnCpu(Rule):
             return None
         if creation_qualname(facts, weight) and _vector(facts, weight):
             return weight
+        computed = cpu_computed(facts, weight, site.order, site.scope)
+        if computed is not None:
+            origin, vector = computed
+            if creation_qualname(facts, origin):
+                vector = vector or _vector(facts, origin)  # torch.tensor(weights): a weight has one value a class
+            if vector:
+                return origin  # through helpers, arithmetic, counts: torch.bincount(labels), torch.from_numpy(w) / s
         key = name_key(weight)
         if key is None:
             return None

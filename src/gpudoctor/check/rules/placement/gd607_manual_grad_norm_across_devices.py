@@ -4,7 +4,7 @@ from typing import Optional
 
 import libcst as cst
 
-from gpudoctor.check.facts import TRAIT_DISPATCHED, TRAIT_OFFLOADED, FileFacts, name_key
+from gpudoctor.check.facts import TRAIT_DISPATCHED, TRAIT_OFFLOADED, FileFacts, call_arg, name_key
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import _parameters_owner, snippet
 from gpudoctor.check.rule import Rule
@@ -24,7 +24,7 @@ class ManualGradNormAcrossDevices(Rule):
     name = "manual-grad-norm-across-devices"
     summary = "torch.stack/cat of per-parameter norms over a model dispatched on several devices"
     severity = Severity.ERROR
-    triggers = ("parameters()",)
+    triggers = ("parameters()", "param_groups")
 
     def check(self, facts: FileFacts):
         for site in facts.calls_to("torch.stack", "torch.cat", "torch.concat", "torch.concatenate"):
@@ -33,9 +33,13 @@ class ManualGradNormAcrossDevices(Rule):
             if comp is None:
                 continue
             owner = self._owner(facts, comp, site)
+            where = (site.order, site.scope)
             if owner is None:
-                continue
-            value = facts.value(owner, site.order, site.scope)
+                owner = self._param_groups_owner(facts, comp, site)
+                if owner is None:
+                    continue
+                where = facts._position_of(owner)
+            value = facts.value(owner, *where)
             device_map = value.trait(TRAIT_DISPATCHED)
             if value.kind != "model" or device_map is None:
                 continue
@@ -85,6 +89,38 @@ class ManualGradNormAcrossDevices(Rule):
         if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "list" and value.args:
             return _parameters_owner(value.args[0].value)
         return _parameters_owner(value)
+
+    def _param_groups_owner(self, facts: FileFacts, comp, site) -> Optional[cst.BaseExpression]:
+        """``[p.grad.norm() for group in opt.param_groups for p in group["params"]]``: the model whose
+        parameters the optimizer was built over (``opt = AdamW(model.parameters())``; inside an optimizer
+        class of the file, ``self.param_groups`` are the parameters its instances are built with)."""
+        for_in = comp.for_in
+        while for_in is not None:
+            iterable = for_in.iter
+            if isinstance(iterable, cst.Attribute) and iterable.attr.value == "param_groups":
+                return self._optimizer_params_owner(facts, iterable.value, site)
+            for_in = for_in.inner_for_in
+        return None
+
+    def _optimizer_params_owner(self, facts: FileFacts, optimizer, site) -> Optional[cst.BaseExpression]:
+        if isinstance(optimizer, cst.Name) and optimizer.value == "self":
+            class_name = site.scope.class_name
+            scope = facts.classes.get(class_name) if class_name else None
+            if scope is None or not any((facts.qualname(b.value) or "").startswith("torch.optim.") for b in scope.node.bases):
+                return None
+            owners = [
+                _parameters_owner(call_arg(c.node, 0, "params")) for c in facts.calls
+                if isinstance(c.node.func, cst.Name) and c.node.func.value == class_name
+            ]
+            return owners[0] if owners and all(o is not None for o in owners) else None
+        made = facts.built_by(optimizer, site.order, site.scope)
+        if made is None:
+            return None
+        q = facts.qualname(made.func) or ""
+        own_class = isinstance(made.func, cst.Name) and made.func.value in facts.classes
+        if not (q.startswith("torch.optim.") or own_class):
+            return None
+        return _parameters_owner(call_arg(made, 0, "params"))
 
     def _placed_terms(self, comp) -> bool:
         stack = [comp.elt]

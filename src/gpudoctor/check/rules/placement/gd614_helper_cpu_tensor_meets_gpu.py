@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from gpudoctor.check.facts import FileFacts
+from gpudoctor.check.finding import Severity
+from gpudoctor.check.queries import snippet
+from gpudoctor.check.rule import Rule
+from gpudoctor.check.rules.placement._common import (
+    cpu_computed,
+    file_sets_default_device,
+    mixing_use,
+    on_accelerator,
+)
+
+
+class HelperCpuTensorMeetsGpu(Rule):
+    """A tensor that the file's own helper function builds on the CPU (a creation without ``device=``,
+    ``torch.from_numpy``, arithmetic of those: ``def nopeak_mask(n): return torch.from_numpy(np.triu(...)) == 0``)
+    and returns, which the caller then combines with a tensor the file puts on an accelerator
+    (``trg_mask & nopeak_mask(n)`` where ``trg_mask`` comes from ``batch.trg.cuda()``). Silent when the result is
+    moved, is a 0-dim scalar, ``torch.set_default_device`` is used, or the other operand is not shown to be on an
+    accelerator."""
+
+    code = "GD614"
+    name = "helper-cpu-tensor-meets-gpu"
+    summary = "A CPU tensor returned by the file's own helper is combined with a tensor on an accelerator"
+    severity = Severity.ERROR
+    triggers = ("def ",)
+
+    def check(self, facts: FileFacts):
+        if file_sets_default_device(facts):
+            return
+        reported: set[int] = set()
+        for site in facts.calls:
+            if site.qualname is not None or not facts.callee_scopes(site):
+                continue
+            if isinstance(site.node.func, cst.Name) and site.node.func.value in facts.classes:
+                continue  # a class: its instance is no tensor
+            computed = cpu_computed(facts, site.node, site.order, site.scope)
+            if computed is None or not computed[1]:
+                continue
+            origin = computed[0]
+            if facts._position_of(origin)[1] is site.scope:
+                continue  # made by the caller and handed through: not the helper's doing
+            root = site.scope.node if site.scope.kind == "function" else facts.module
+            use = mixing_use(facts, site.node, root)
+            if use is None or id(use) in reported:
+                continue
+            placed = self._accelerator_operand(facts, use)
+            if placed is None:
+                continue
+            reported.add(id(use))
+            helper = snippet(facts, site.node.func, 30)
+            yield self.report(
+                use,
+                f"`{helper}(...)` returns a tensor built on the CPU (`{snippet(facts, origin, 50)}`, no `device=`), "
+                f"and `{snippet(facts, use, 50)}` combines it with a tensor on an accelerator "
+                f"(`{snippet(facts, placed, 40)}`): torch raises \"RuntimeError: Expected all tensors to be on the same "
+                "device, but found at least two devices, cuda:0 and cpu!\"",
+                fix_hint=f"Build it on the other tensor's device inside `{helper}` (pass `device=x.device` to the "
+                "creation, or `.to(x.device)` before returning).",
+                related=((origin, "built on the CPU here"), (placed, "the other operand is put on an accelerator here")),
+            )
+
+    @staticmethod
+    def _accelerator_operand(facts: FileFacts, use: cst.CSTNode) -> Optional[cst.CSTNode]:
+        if isinstance(use, cst.BinaryOperation):
+            operands = [use.left, use.right]
+        elif isinstance(use, cst.Call):
+            operands = [a.value for a in use.args]
+            if isinstance(use.func, cst.Attribute):
+                operands.append(use.func.value)
+            flat = []
+            for operand in operands:
+                if isinstance(operand, (cst.List, cst.Tuple)):
+                    flat.extend(e.value for e in operand.elements)
+                else:
+                    flat.append(operand)
+            operands = flat
+        else:
+            return None
+        for operand in operands:
+            order, scope = _where(facts, operand)
+            if order is None:
+                continue
+            placed = on_accelerator(facts, operand, order, scope)
+            if placed is not None:
+                return placed
+        return None
+
+
+def _where(facts: FileFacts, node: cst.CSTNode):
+    """(order, scope) of the first name or call inside ``node``."""
+    stack = [node]
+    while stack:
+        current = stack.pop(0)
+        order, scope = facts._position_of(current)
+        if order != 1 << 30:
+            return order, scope
+        stack.extend(current.children)
+    return None, None
