@@ -14,6 +14,7 @@ from gpudoctor.check.facts import (
     TRAIT_PEFT,
     TRAIT_PREPARED,
     collect,
+    string_value,
 )
 
 
@@ -343,3 +344,22 @@ def test_snippets_pass_the_prefilter_and_say_what_they_assumed():
     assert not is_relevant(b"import os\nnn = 3\nprint(Adam)\n")  # generic names alone do not count
     [finding] = check_source(snippet.decode(), "cell.py", rules=all_rules())
     assert finding.code == "GD110" and "Assumed `AutoModelForCausalLM` as `transformers.AutoModelForCausalLM`" in finding.message
+
+
+def test_keyword_argument_through_kwargs_dicts() -> None:
+    facts = facts_of(
+        """
+        from transformers import AutoModelForCausalLM as M
+        named = dict(torch_dtype="auto", device_map="auto")
+        filled = {"torch_dtype": "auto"}
+        filled["device_map"] = "balanced"
+        a = M.from_pretrained("m", **named)
+        b = M.from_pretrained("m", **filled)
+        c = M.from_pretrained("m", **{"device_map": "sequential"})
+        d = M.from_pretrained("m", **dict(device_map="cuda:0"))
+        e = M.from_pretrained("m", **{"torch_dtype": "auto"})
+        """
+    )
+    sites = calls_named(facts, "from_pretrained")
+    found = [facts.keyword_argument(s.node, "device_map", s.order, s.scope) for s in sites]
+    assert [string_value(f) if f is not None else None for f in found] == ["auto", "balanced", "sequential", "cuda:0", None]

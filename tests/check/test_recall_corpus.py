@@ -30,10 +30,6 @@ SOURCE_LINK = re.compile(r"Source:\s*https://\S+")
 SOURCE_ANY = re.compile(r"Source:\s*\S+")
 # Known false alarms on correct code, reported to the rule owners: {relative path: reason naming the rule}.
 KNOWN_FALSE_ALARMS: dict[str, str] = {
-    "fixtures/field/rt_tqdm_running_criterion_total.fixed.py": (
-        "GD609 treats a parameterless `nn.CrossEntropyLoss()` (no weight) as an unplaced second model and flags "
-        "`criterion(net(imgs.cuda()), labels.cuda())`; a module without parameters or buffers runs on its inputs' device"
-    ),
 }
 
 

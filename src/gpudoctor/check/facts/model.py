@@ -477,6 +477,11 @@ class FileFacts(ExpressionValues):
         found = call_arg(call, keyword=keyword)
         if found is not None:
             return found
+        for arg in call.args:  # ``**{"device_map": "auto"}``, ``**dict(device_map="auto")`` written in place
+            if arg.star == "**":
+                found = _literal_dict_entry(arg.value, keyword)
+                if found is not None:
+                    return found
         for key, binding in self._kwargs_dicts(call, order, scope):
             if isinstance(binding.value, cst.Dict):
                 for element in binding.value.elements:
@@ -647,3 +652,14 @@ def _device_literal(node: cst.CSTNode) -> Optional[str]:
 
 def _article(qualname: str) -> str:
     return "an" if qualname.split(".")[-1][:1] in "AEIOU" else "a"
+
+
+def _literal_dict_entry(node: cst.CSTNode, keyword: str) -> Optional[cst.BaseExpression]:
+    """The value of ``keyword`` in a dict display or a ``dict(k=v)`` call; None otherwise."""
+    if isinstance(node, cst.Dict):
+        for element in node.elements:
+            if isinstance(element, cst.DictElement) and string_value(element.key) == keyword:
+                return element.value
+    elif isinstance(node, cst.Call) and dotted(node.func) == "dict":
+        return call_arg(node, keyword=keyword)
+    return None

@@ -42,9 +42,10 @@ class DeviceMapAutoMultiprocess(Rule):
             is_load = bool(owner_method and owner_method[1] == "from_pretrained" and apis.is_model_class(owner_method[0]))
             if not (is_load or q == "accelerate.load_checkpoint_and_dispatch"):
                 continue
-            expr = call_arg(site.node, keyword="device_map")
+            expr = facts.keyword_argument(site.node, "device_map", site.order, site.scope)
             if expr is None:
                 continue
+            direct = call_arg(site.node, keyword="device_map") is expr  # else it comes in a ``**kwargs`` dict
             device_map = facts.device_map(expr, site.order, site.scope)
             if device_map is None or device_map.strategy != "auto":
                 continue
@@ -61,12 +62,13 @@ class DeviceMapAutoMultiprocess(Rule):
             else:
                 effect = "so N processes each hold a full copy spread over the same GPUs (OOM or contention)"
             yield self.report(
-                expr,
-                f"`device_map={label}` in a file that runs as several processes ({why}): every rank computes its own "
+                expr if direct else site.node,
+                f"`device_map={label}`{'' if direct else ' (in the `**` keyword arguments)'} in a file that runs as several processes ({why}): every rank computes its own "
                 "map over all visible GPUs and places a whole copy there, " + effect + ".",
                 fix_hint='Give each process one full copy on its own GPU: `device_map={"": PartialState().process_index}` '
                 "(from accelerate), or keep `device_map=\"auto\"` and launch one process.",
                 severity=Severity.ERROR if prepared_or_trained else Severity.WARNING,
+                related=() if direct else ((expr, "the automatic map is set here"),),
             )
 
     @staticmethod
@@ -83,6 +85,15 @@ class DeviceMapAutoMultiprocess(Rule):
         """The map (or the load) depends on the launch mode: an ``if`` on rank/world size, or a name bound
         to different maps (bound twice to the same "auto" is no choice)."""
         frames = list(site.context)
+        if call_arg(site.node, keyword="device_map") is not expr:  # from a ``**kwargs`` dict: where it was filled
+            for dict_key, binding in facts._kwargs_dicts(site.node, site.order, site.scope):
+                frames += list(binding.context)
+                if sum(b.kind != "param" for b in binding.scope.bindings.get(dict_key, [])) > 1:
+                    return True  # ``kwargs = {...}`` bound twice (per launch mode, say)
+                frames += [
+                    f for sub in facts.subscript_assigns
+                    if sub.base_key == dict_key and binding.order < sub.order < site.order for f in sub.context
+                ]
         key = name_key(expr)
         if key is not None:
             binding = facts.binding_at(key, site.order, site.scope)

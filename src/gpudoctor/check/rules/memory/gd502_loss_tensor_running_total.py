@@ -45,7 +45,7 @@ class LossTensorRunningTotal(Rule):
         if kind != "loss" or _computed_without_grad(facts, value, site.order, site.scope):
             return None
         total = site.target_key
-        if not self._total_outside_loop(facts, total, site, loops[0]):
+        if not any(self._total_outside_loop(facts, total, site, outer) for outer in loops):
             return None
         if self._total_is_differentiated(facts, total, site):
             return None  # the sum is the loss to optimize (accumulated micro-batches, multi-task)
@@ -97,7 +97,9 @@ class LossTensorRunningTotal(Rule):
 
     @staticmethod
     def _total_outside_loop(facts: FileFacts, key: str, site, loop: LoopFrame) -> bool:
-        """The total is initialised before the loop (``total_loss = 0``), so it runs across iterations."""
+        """The total is initialised before the loop (``total_loss = 0``), so it runs across iterations. Any
+        enclosing loop will do: a total reset per epoch (``for epoch ...: total = 0.0; for batch ...: total +=
+        loss``) still runs across the batches of the epoch."""
         binding = facts.binding_at(key, loop.order, site.scope)
         return binding is not None and binding.order < loop.order
 

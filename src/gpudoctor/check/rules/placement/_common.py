@@ -651,3 +651,60 @@ def accelerator_device(facts: FileFacts, node: Optional[cst.CSTNode], order: int
     if binding is None or binding.kind != "assign":
         return False
     return accelerator_device(facts, binding.value, binding.order, binding.scope, depth + 1)
+
+
+# ------------------------------------------------------------------------------------ modules without tensors
+
+# ``torch.nn`` classes that hold no parameter and no buffer as built by default (torch 2.13; proven by
+# tests/check/test_parameterless_modules.py with real torch): activations, dropouts, pooling, shape and
+# distance modules and the losses. Such a module runs on its inputs' device; there is nothing to place.
+PARAMETERLESS_MODULES = frozenset({
+    # activations
+    "ReLU", "ReLU6", "LeakyReLU", "ELU", "CELU", "SELU", "GELU", "SiLU", "Mish", "GLU", "Sigmoid", "Tanh", "Softmax",
+    "Softmax2d", "Softmin", "LogSoftmax", "LogSigmoid", "Softplus", "Softsign", "Softshrink", "Hardshrink",
+    "Hardsigmoid", "Hardswish", "Hardtanh", "Tanhshrink", "RReLU", "Threshold",
+    # dropouts, identity, shapes, pooling, upsampling
+    "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout", "Identity", "Flatten",
+    "Unflatten", "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d",
+    "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d",
+    "Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d", "PixelShuffle", "PixelUnshuffle", "ZeroPad2d",
+    "CosineSimilarity", "PairwiseDistance",
+    # losses (the weighted ones only without a weight: see TENSOR_ARGUMENTS)
+    "L1Loss", "MSELoss", "SmoothL1Loss", "HuberLoss", "KLDivLoss", "CrossEntropyLoss", "NLLLoss", "BCELoss",
+    "BCEWithLogitsLoss", "CTCLoss", "PoissonNLLLoss", "GaussianNLLLoss", "CosineEmbeddingLoss", "MarginRankingLoss",
+    "HingeEmbeddingLoss", "SoftMarginLoss", "MultiLabelMarginLoss", "MultiLabelSoftMarginLoss", "MultiMarginLoss",
+    "TripletMarginLoss", "TripletMarginWithDistanceLoss",
+})
+# Weighted losses register their ``weight`` (and ``pos_weight``) as buffers when given one.
+TENSOR_ARGUMENTS = {
+    "CrossEntropyLoss": ("weight",), "NLLLoss": ("weight",), "BCELoss": ("weight",),
+    "BCEWithLogitsLoss": ("weight", "pos_weight"), "MultiLabelSoftMarginLoss": ("weight",),
+    "MultiMarginLoss": ("weight",),
+}
+
+
+def holds_no_tensors(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope) -> bool:
+    """The module expression is a ``torch.nn`` module built without parameters or buffers
+    (``nn.CrossEntropyLoss()``, ``nn.ReLU()``, a name bound to one): nothing of it is on any device."""
+    built = facts.built_by(node, order, scope)
+    if not isinstance(built, cst.Call):
+        return False
+    parts = (facts.qualname(built.func) or "").split(".")
+    if parts[:2] != ["torch", "nn"] or parts[-1] not in PARAMETERLESS_MODULES:
+        return False
+    tensor_keywords = TENSOR_ARGUMENTS.get(parts[-1])
+    if not tensor_keywords:
+        return True
+    for arg in built.args:
+        if arg.star:
+            return False  # ``**loss_kwargs``: may carry a weight
+        if arg.keyword is None:
+            if not (_literal_number(arg.value) or string_value(arg.value) is not None or _constant_name(arg.value)):
+                return False  # ``nn.CrossEntropyLoss(class_weights)``: the first positional is the weight
+        elif arg.keyword.value in tensor_keywords and not _constant_name(arg.value):
+            return False
+    return True
+
+
+def _constant_name(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.Name) and node.value in ("None", "True", "False")

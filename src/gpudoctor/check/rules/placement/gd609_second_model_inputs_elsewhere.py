@@ -4,18 +4,19 @@ from typing import Optional
 
 import libcst as cst
 
-from gpudoctor.check.facts import CallSite, FileFacts, name_key
+from gpudoctor.check.facts import CallSite, FileFacts, call_arg, name_key
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
-from gpudoctor.check.rules.placement._common import PLACING_METHODS, moves_to_accelerator, placement
+from gpudoctor.check.rules.placement._common import PLACING_METHODS, TENSOR_ARGUMENTS, holds_no_tensors, moves_to_accelerator, placement
 
 
 class SecondModelInputsElsewhere(Rule):
     """A second model (reference, reward, teacher) that was loaded and never placed (no ``device_map``,
     no ``.to()``, not handed to a Trainer/``prepare``/helper) is called with inputs that were moved for
     the first model (``batch.to(model.device)``, ``.to("cuda")``): the inputs are on the accelerator,
-    its weights on the CPU. ``generate`` is not reported (it moves CPU inputs; a plain forward does not)."""
+    its weights on the CPU. ``generate`` is not reported (it moves CPU inputs; a plain forward does not), nor
+    is a module without parameters or buffers (``nn.CrossEntropyLoss()``, ``nn.ReLU()``)."""
 
     code = "GD609"
     name = "second-model-inputs-elsewhere"
@@ -33,6 +34,8 @@ class SecondModelInputsElsewhere(Rule):
                 continue
             if self._handed_over(facts, b_key, site):
                 continue
+            if holds_no_tensors(facts, site.node.func, site.order, site.scope) or self._weights_placed(facts, site):
+                continue  # ``criterion = nn.CrossEntropyLoss()``: no weights, it runs where its inputs are
             for arg in site.node.args:
                 moved = self._moved_input(facts, arg.value, site)
                 if moved is None:
@@ -63,6 +66,32 @@ class SecondModelInputsElsewhere(Rule):
             if call.method in PLACING_METHODS and name_key(call.receiver) == key:
                 return True
         return False
+
+    def _weights_placed(self, facts: FileFacts, site: CallSite) -> bool:
+        """A weighted loss whose only tensors, its ``weight=``/``pos_weight=``, were built on a device
+        (``nn.CrossEntropyLoss(weight=w.cuda())``)."""
+        built = facts.built_by(site.node.func, site.order, site.scope)
+        if not isinstance(built, cst.Call):
+            return False
+        name = (facts.qualname(built.func) or "").split(".")[-1]
+        if name not in TENSOR_ARGUMENTS or not (facts.qualname(built.func) or "").startswith("torch.nn."):
+            return False
+        order, scope = facts._position_of(built)
+        for arg in built.args:
+            if arg.star:
+                return False
+            if arg.keyword is not None and arg.keyword.value not in TENSOR_ARGUMENTS[name]:
+                continue  # ignore_index=, reduction=, label_smoothing=
+            if isinstance(arg.value, (cst.Integer, cst.Float, cst.SimpleString)):
+                continue  # MultiMarginLoss(1, 0.5, ...): the numbers before the weight
+            weight = facts.built_by(arg.value, order, scope)
+            on_device = isinstance(weight, cst.Call) and (
+                (isinstance(weight.func, cst.Attribute) and weight.func.attr.value in PLACING_METHODS)
+                or call_arg(weight, keyword="device") is not None
+            )
+            if not on_device:
+                return False
+        return True
 
     def _moved_input(self, facts: FileFacts, node, site: CallSite) -> Optional[tuple[cst.Call, Optional[str]]]:
         """(the .to call, the model whose device it targets) for an input moved to an accelerator."""

@@ -13,6 +13,15 @@ from gpudoctor.check.rule import Rule
 _SET_DEVICE = {"torch.cuda.set_device", "torch.accelerator.set_device_index", "torch.cuda.device", "torch.xpu.set_device",
                "torch.npu.set_device"}
 _PLACES_PER_RANK = {"accelerate.Accelerator", "accelerate.PartialState"}
+# Object collectives: on an NCCL group they pickle the object into a tensor on ``torch.cuda.current_device()``
+# (``_get_object_coll_device`` -> "cuda", ``_object_to_tensor(obj, "cuda", group)``), so without
+# ``set_device`` every rank sends from GPU 0. ``send``/``recv``/``broadcast`` take an optional ``device=``.
+_OBJECT_COLLECTIVES = {
+    f"torch.distributed.{name}" for name in (
+        "all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list", "send_object_list",
+        "recv_object_list",
+    )
+}
 
 
 class DdpWithoutSetDevice(Rule):
@@ -26,7 +35,7 @@ class DdpWithoutSetDevice(Rule):
     name = "ddp-without-set-device"
     summary = "DDP with the model on 'cuda' (no index) and no torch.cuda.set_device(local_rank): every rank uses GPU 0"
     severity = Severity.ERROR
-    triggers = ("DistributedDataParallel", "DDP")
+    triggers = ("DistributedDataParallel", "DDP", "_object")
 
     def check(self, facts: FileFacts):
         if facts.calls_to(*_SET_DEVICE, *_PLACES_PER_RANK) or "CUDA_VISIBLE_DEVICES" in facts.source:
@@ -34,6 +43,7 @@ class DdpWithoutSetDevice(Rule):
         ranks = [h for h in facts.launch_hints if h != "DistributedDataParallel"]
         if not ranks:
             return  # nothing shows several processes
+        yield from self._object_collectives(facts)
         for site in facts.calls_to(*apis.DISTRIBUTED_DATA_PARALLEL):
             module = site.arg(0, "module")
             move = self._indexless_move(facts, module, site.order, site.scope)
@@ -52,6 +62,44 @@ class DdpWithoutSetDevice(Rule):
                 fix_hint="Right after `init_process_group`, call `torch.cuda.set_device(local_rank)` (local_rank = "
                 "`int(os.environ[\"LOCAL_RANK\"])`), and use `device_ids=[local_rank]`.",
             )
+
+    def _object_collectives(self, facts: FileFacts):
+        """``dist.all_gather_object(...)`` (and the other object collectives) in a file that starts an NCCL
+        group (``init_process_group("nccl")``, several processes) and never sets each rank's device."""
+        inits = facts.calls_to("torch.distributed.init_process_group")
+        if not inits or not all(self._nccl_group_of_several(facts, site) for site in inits):
+            return
+        for site in facts.calls_to(*_OBJECT_COLLECTIVES):
+            if site.arg(keyword="device") is not None:
+                continue  # ``broadcast_object_list(objs, src=0, device=...)``: the caller picks the device
+            name = site.qualname.rsplit(".", 1)[1]
+            yield self.report(
+                site.node,
+                f"`{name}` on the NCCL group pickles the object into a tensor on `torch.cuda.current_device()`, and "
+                "the script never calls `torch.cuda.set_device(local_rank)`: on every rank the current device is "
+                "`cuda:0`, so all ranks communicate from GPU 0 and NCCL stops (\"Duplicate GPU detected : rank 1 and "
+                "rank 0 both on CUDA device ...\") or hangs (pytorch#75619).",
+                fix_hint="Right after `init_process_group`, call `torch.cuda.set_device(local_rank)` (local_rank = "
+                "`int(os.environ[\"LOCAL_RANK\"])`, or the rank `mp.spawn` passes).",
+            )
+
+    @staticmethod
+    def _nccl_group_of_several(facts: FileFacts, site: CallSite) -> bool:
+        """``init_process_group("nccl", ...)`` with the backend written out, no ``device_id=`` (which binds the
+        group to a device) and no ``world_size=1``."""
+        if site.arg(keyword="device_id") is not None:
+            return False
+        world = site.arg(keyword="world_size")
+        if isinstance(world, cst.Integer) and world.value == "1":
+            return False
+        backend = site.arg(0, "backend")
+        if backend is not None and name_key(backend) is not None and "." not in name_key(backend):
+            binding = facts.binding_at(name_key(backend), site.order, site.scope)
+            backend = binding.value if binding is not None and binding.kind == "assign" else None
+        text = string_value(backend)
+        if text is None and backend is not None:
+            text = "nccl" if facts.qualname(backend) == "torch.distributed.Backend.NCCL" else None
+        return text is not None and text.lower() == "nccl"
 
     def _indexless_move(self, facts: FileFacts, node, order: int, scope, depth: int = 0) -> Optional[CallSite]:
         if node is None or depth > 4:
