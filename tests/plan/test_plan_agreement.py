@@ -44,7 +44,7 @@ def test_ddp_is_one_gpu_plus_a_bucket_of_the_trainable_gradients(tiny_model):
     method = _method(cards, "lora")
     info = simulated.resolve(tiny_model)
     rows = {r.placement: r for r in Planner(info, cards, WORKLOAD).rows_for(method, False)}
-    meta = simulated._meta_model(info.config, method.dtype)
+    meta = simulated._meta_model(info.config, method.dtype, fresh=True)
     peft_model = get_peft_model(meta, LoraConfig(task_type="CAUSAL_LM", **WORKLOAD.lora_kwargs()))
     trainable = sum(p.numel() * p.element_size() for p in peft_model.parameters() if p.requires_grad)
     bucket = -(-trainable // (2 << 20)) * (2 << 20)

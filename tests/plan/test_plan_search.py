@@ -32,3 +32,24 @@ def test_superlinear_peak_still_exact():
 def test_nothing_fits_and_limit():
     assert largest(rows(lambda b: 10 * b, 5)[0], 4, limit=64) is None
     assert largest(rows(lambda b: b, 10**9)[0], 4, limit=64) == 64
+
+
+@pytest.mark.parametrize("start", [1, 64, 512, 4000])
+def test_quadratic_peak_takes_few_probes(start):
+    # activations linear in the sequence plus attention scores quadratic in it, rounded to 2 MiB segments
+    mib = 1 << 20
+    row_at, probes = rows(lambda s: -(-(3000 * mib + 900_000 * s + 40 * s * s) // (2 * mib)) * 2 * mib, 7 << 30)
+    expected = max(s for s in range(1, 32769) if -(-(3000 * mib + 900_000 * s + 40 * s * s) // (2 * mib)) * 2 * mib <= 7 << 30)
+    assert largest(row_at, start, limit=32768) == expected
+    assert len(probes) <= 8, probes
+
+
+def test_steps_of_two_searches_run_together():
+    from gpudoctor.plan.search import run_together, steps
+
+    a_rows, a_probes = rows(lambda b: 100 * b, 1000)
+    b_rows, b_probes = rows(lambda s: 5 * s, 1000)
+    rounds = []
+    out = run_together({"batch": (steps(4, 4096), a_rows), "seq": (steps(64, 4096), b_rows)}, before=rounds.append)
+    assert out == {"batch": 10, "seq": 200}
+    assert rounds[0] == [("batch", 4), ("seq", 64)]

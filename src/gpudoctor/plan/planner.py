@@ -90,7 +90,7 @@ class Planner:
         self.progress = progress or (lambda message: None)
         self._maps: dict = {}
         self._collecting: list | None = None
-        self._quantized_bytes: dict = {}
+        self._bytes: dict = {}
 
     # -- simulations ------------------------------------------------------------------------------
     def _sim(self, method, checkpointing, layers, roles=None, workload=None):
@@ -100,12 +100,13 @@ class Planner:
             return {"devices": [EMPTY] * len(self.cards), "trainable_bytes": 0}
         return simulated.simulate(*args, use_cache=self.use_cache)
 
-    def prefetch(self, cases: list[tuple[Method, bool, Workload | None]]) -> None:
-        """Simulate everything ``rows_for`` needs for these cases, as many at a time as there are cores."""
+    def prefetch(self, cases: list[tuple]) -> None:
+        """Simulate everything ``rows_for`` needs for these cases (its arguments), as many at a time as
+        there are cores."""
         self._collecting = []
         try:
-            for method, checkpointing, workload in cases:
-                self.rows_for(method, checkpointing, workload)
+            for case in cases:
+                self.rows_for(*case)
             requests = self._collecting
         finally:
             self._collecting = None
@@ -131,63 +132,95 @@ class Planner:
             self._maps[method] = simulated.device_map_for(self.info, method, self.cards)
         return self._maps[method]
 
+    def module_bytes(self, method: Method, names: list[str]) -> int:
+        key = (method, tuple(names))
+        if key not in self._bytes:
+            self._bytes[key] = simulated.module_bytes(self.info, method, names)
+        return self._bytes[key]
+
     def pipeline(self, method: Method, checkpointing: bool, workload: Workload | None = None) -> tuple[list[dict], int, str]:
         """(peaks per card, offloaded bytes, source) under accelerate's balanced map over all cards."""
         dmap = self.device_map(method)
         offloaded_keys = [k for k, d in dmap.items() if d in ("cpu", "disk")]
-        offloaded = simulated.module_bytes(self.info, method, offloaded_keys) if offloaded_keys else 0
+        offloaded = self.module_bytes(method, offloaded_keys) if offloaded_keys else 0
         resident = sorted({d for d in dmap.values() if isinstance(d, int)})
         devices = [dict(EMPTY) for _ in self.cards]
-        roles_n = min(len(resident), 3)
         if not resident:
             return devices, offloaded, "simulated"
-        k1, k2 = depths(method)
-        counts = simulated.layers_per_device(self.info, dmap)
-        # a card with fewer layers than the shallowest copy (e.g. only the embeddings) is off the line: whole model
-        if not self._extrapolates(method, roles_n) or min(counts.get(d, 0) for d in resident) < k1:
+        roles_n = min(len(resident), 3)
+        if not self._extrapolates(method, roles_n):
             run = self._sim(method, checkpointing, None, roles=dmap, workload=workload)
             for i, d in enumerate(resident):
                 devices[d] = run["devices"][i] if i < len(run["devices"]) else EMPTY
             return devices, offloaded, "simulated"
+        counts = simulated.layers_per_device(self.info, dmap)
         role_of = {d: (0 if d == resident[0] else roles_n - 1 if d == resident[-1] else 1) for d in resident}
         roles = {k: (role_of[d] if isinstance(d, int) else d) for k, d in dmap.items() if simulated.layer_index(self.info, k) is None}
-        first = self._sim(method, checkpointing, (k1,) * roles_n, roles, workload=workload)
-        second = self._sim(method, checkpointing, (k2,) * roles_n, roles, workload=workload)
+        # each role's two depths: a role whose cards hold no decoder layer (only the embeddings, or only the
+        # norm and the head) is simulated with none, at both depths (its numbers do not depend on the others');
+        # a role whose cards hold fewer layers than the shallow copy is simulated at its own count and one more
+        first_depths, second_depths = [], []
+        for r in range(roles_n):
+            held = [counts.get(d, 0) for d in resident if role_of[d] == r]
+            low = min(held)
+            if max(held) == 0:
+                a = b = 0
+            elif 0 < low < depths(method)[0]:
+                a, b = low, low + 1
+            else:
+                a, b = depths(method)
+            first_depths.append(a)
+            second_depths.append(b)
+        first = self._sim(method, checkpointing, tuple(first_depths), roles, workload=workload)
+        second = self._sim(method, checkpointing, tuple(second_depths), roles, workload=workload)
         for d in resident:
             r = role_of[d]
-            devices[d] = simulated.extrapolate(first["devices"][r], second["devices"][r], counts.get(d, 0), k1, k2)
+            if first_depths[r] == second_depths[r]:
+                devices[d] = first["devices"][r]
+            else:
+                devices[d] = simulated.extrapolate(first["devices"][r], second["devices"][r], counts.get(d, 0),
+                                                   first_depths[r], second_depths[r])
         return devices, offloaded, "simulated per device, by layer"
 
     # -- rows ---------------------------------------------------------------------------------------
-    def rows_for(self, method: Method, checkpointing: bool, workload: Workload | None = None) -> list[Row]:
+    def placements(self, method: Method) -> list[str]:
+        multi = ["device_map", "DDP"] + ([] if method.quant_bits else ["FSDP"])
+        return ["1 GPU"] + (multi if len(self.cards) > 1 else [])
+
+    def rows_for(self, method: Method, checkpointing: bool, workload: Workload | None = None,
+                 only: str | None = None) -> list[Row]:
+        """The rows of one method (all its placements, or ``only`` one: what the search probes)."""
         wl = workload or self.workload
         n = len(self.cards)
         usable = [c.usable for c in self.cards]
-        weight_bytes = self._weight_bytes(method)
-        placements = ["1 GPU"] + (["device_map", "DDP"] + ([] if method.quant_bits else ["FSDP"]) if n > 1 else [])
+        placements = [p for p in self.placements(method) if only is None or p == only]
         rows = []
-        try:
-            one, trainable, source = self.single(method, checkpointing, wl)
-        except simulated.SimulationFailed as exc:
-            rows = [Row(method, checkpointing, p, [EMPTY] * (1 if p == "1 GPU" else n), usable, 0, 0, "", error=str(exc))
-                    for p in placements if p != "device_map"]
-        else:
-            rows.append(Row(method, checkpointing, "1 GPU", [one], usable[:1], 0, 0, source))
-            if "DDP" in placements:
-                rows.append(Row(method, checkpointing, "DDP", [ddp_peaks(one, trainable)] * n, usable,
-                                n * weight_bytes, 0, f"{source} + DDP gradient buckets"))
-            if "FSDP" in placements:
-                layer_bytes = self.info.layer_params * _dtype_bytes(method.dtype)
-                # AdamW keeps two moments shaped and typed like each trainable parameter, gradients one more
-                state = weight_bytes + 3 * trainable
-                rows.append(Row(method, checkpointing, "FSDP", [fsdp_peaks(one, n, layer_bytes, state)] * n, usable,
-                                weight_bytes, 0, f"{source}; state / {n} + 2 gathered layers"))
+        if any(p != "device_map" for p in placements):
+            try:
+                one, trainable, source = self.single(method, checkpointing, wl)
+            except simulated.SimulationFailed as exc:
+                rows = [Row(method, checkpointing, p, [EMPTY] * (1 if p == "1 GPU" else n), usable, 0, 0, "", error=str(exc))
+                        for p in placements if p != "device_map"]
+            else:
+                weight_bytes = self._weight_bytes(method)
+                if "1 GPU" in placements:
+                    rows.append(Row(method, checkpointing, "1 GPU", [one], usable[:1], 0, 0, source))
+                if "DDP" in placements:
+                    rows.append(Row(method, checkpointing, "DDP", [ddp_peaks(one, trainable)] * n, usable,
+                                    n * weight_bytes, 0, f"{source} + DDP gradient buckets"))
+                if "FSDP" in placements:
+                    layer_bytes = self.info.layer_params * _dtype_bytes(method.dtype)
+                    # AdamW keeps two moments shaped and typed like each trainable parameter, gradients one more
+                    state = weight_bytes + 3 * trainable
+                    rows.append(Row(method, checkpointing, "FSDP", [fsdp_peaks(one, n, layer_bytes, state)] * n, usable,
+                                    weight_bytes, 0, f"{source}; state / {n} + 2 gathered layers"))
         if "device_map" in placements:
+            at = 1 if rows and rows[0].placement == "1 GPU" else 0
             try:
                 devices, offloaded, psource = self.pipeline(method, checkpointing, wl)
-                rows.insert(1, Row(method, checkpointing, "device_map", devices, usable, offloaded, offloaded, psource))
+                rows.insert(at, Row(method, checkpointing, "device_map", devices, usable, offloaded, offloaded, psource))
             except simulated.SimulationFailed as exc:
-                rows.insert(1, Row(method, checkpointing, "device_map", [EMPTY] * n, usable, 0, 0, "", error=str(exc)))
+                rows.insert(at, Row(method, checkpointing, "device_map", [EMPTY] * n, usable, 0, 0, "", error=str(exc)))
         tokens = wl.seq + ((wl.target_len or wl.seq) if self.info.encoder_decoder else 0)
         for row in rows:
             row.seconds_per_sample = seconds_per_sample(method, checkpointing, row.placement, self.cards, self.info.num_params, tokens)
@@ -197,9 +230,7 @@ class Planner:
     def _weight_bytes(self, method: Method) -> int:
         if not method.quant_bits:
             return self.info.num_params * _dtype_bytes(method.dtype)
-        if method not in self._quantized_bytes:
-            self._quantized_bytes[method] = simulated.module_bytes(self.info, method, [""])
-        return self._quantized_bytes[method]
+        return self.module_bytes(method, [""])
 
 
 def _dtype_bytes(dtype: str) -> int:
@@ -273,14 +304,26 @@ def make_plan(model: str, cards, workload: Workload, *, use_cache: bool = True, 
     best = choose(rows)
     plan = Plan(info, cards, workload, rows, best)
     if best is not None and search:
-        from gpudoctor.plan.search import largest
-
-        def fits_with(**change):
-            wl = dataclasses.replace(workload, **change)
-            planner.prefetch([(best.method, best.checkpointing, wl)])
-            return next(r for r in planner.rows_for(best.method, best.checkpointing, wl) if r.placement == best.placement)
-
-        plan.largest_batch = largest(lambda b: fits_with(batch=b), workload.batch, limit=4096)
-        max_seq = int(getattr(info.config, "max_position_embeddings", 0) or getattr(info.config, "n_positions", 0) or 32768)
-        plan.largest_seq = largest(lambda s: fits_with(seq=s), workload.seq, limit=max_seq)
+        plan.largest_batch, plan.largest_seq = search_limits(planner, best, info)
     return plan
+
+
+def search_limits(planner: Planner, best: Row, info: ModelInfo) -> tuple[int | None, int | None]:
+    """The largest batch (at the planned sequence length) and sequence length (at the planned batch) that
+    fit ``best``'s method and placement; only that placement is simulated, and the two searches' probes
+    are simulated side by side."""
+    from gpudoctor.plan.search import run_together, steps
+
+    workload = planner.workload
+    change = {"batch": lambda b: dataclasses.replace(workload, batch=b), "seq": lambda s: dataclasses.replace(workload, seq=s)}
+
+    def row_at(name):
+        return lambda x: planner.rows_for(best.method, best.checkpointing, change[name](x), best.placement)[0]
+
+    def before(probes):
+        planner.prefetch([(best.method, best.checkpointing, change[name](x), best.placement) for name, x in probes])
+
+    max_seq = int(getattr(info.config, "max_position_embeddings", 0) or getattr(info.config, "n_positions", 0) or 32768)
+    found = run_together({"batch": (steps(workload.batch, 4096), row_at("batch")),
+                          "seq": (steps(workload.seq, max_seq), row_at("seq"))}, before=before)
+    return found["batch"], found["seq"]

@@ -131,7 +131,22 @@ def _model_class(config):
     return _get_model_class(config, auto._model_mapping)
 
 
-def _meta_model(config, dtype=None, quant_bits=None):
+_META: dict = {}  # (config, dtype, bits) -> meta model, built once per process (a 7B one takes seconds)
+
+
+def _meta_model(config, dtype=None, quant_bits=None, fresh: bool = False):
+    """The model on the meta device (no memory); shared per config, dtype and bits unless ``fresh``:
+    callers only read it."""
+    key = (id(config), str(dtype), quant_bits)
+    if not fresh and key in _META and _META[key][0] is config:
+        return _META[key][1]
+    model = _build_meta(config, dtype, quant_bits)
+    if not fresh:
+        _META[key] = (config, model)
+    return model
+
+
+def _build_meta(config, dtype=None, quant_bits=None):
     import torch
     from accelerate import init_empty_weights
 
