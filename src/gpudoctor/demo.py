@@ -60,9 +60,13 @@ def main(argv: list[str]) -> int:
     if "train" not in args.skip:
         problems += demo_train(console, args.steps)
     if "simulate" not in args.skip:
-        from gpudoctor.simulate.demo import demo_simulate
+        missing = missing_runtime(("torch", "transformers"))  # the simulator imports both in this process
+        if missing:
+            problems.append(runtime_problem("simulation demo", missing))
+        else:
+            from gpudoctor.simulate.demo import demo_simulate
 
-        problems += demo_simulate(console)
+            problems += demo_simulate(console)
     console.print(Rule())
     elapsed = time.perf_counter() - started
     if problems:

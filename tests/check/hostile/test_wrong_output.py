@@ -186,3 +186,4 @@ def test_demo_without_the_runtime_extra_names_it_and_the_missing_module(monkeypa
     assert "pip install 'gpudoctor[runtime]'" in out
     assert "the trace demo needs the runtime extra, missing module: torch" in out
     assert "the reference trainer needs the runtime extra, missing module: torch" in out
+    assert "the simulation demo needs the runtime extra, missing module" in out
