@@ -189,6 +189,9 @@ class _Collector:
         return False
 
     def on_import_from(self, node: cst.ImportFrom):
+        if isinstance(node.names, cst.ImportStar):
+            module = "" if node.relative or node.module is None else dotted(node.module) or ""
+            self.facts.star_imports.append(module)
         if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
             return False
         module = dotted(node.module) or ""

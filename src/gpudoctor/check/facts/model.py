@@ -100,6 +100,7 @@ class FileFacts(ExpressionValues):
         self.assumed_imports: dict[str, str] = {}
         # Members read on each name or ``self.x`` (``accelerator.prepare`` -> "accelerator": {"prepare"}).
         self.member_uses: dict[str, set[str]] = {}
+        self.star_imports: list[str] = []  # modules of ``from X import *`` ("" for a relative one)
         # Names never bound here but used like a well-known object (see ``assumed_instance``): name -> qualname.
         self.assumed_instances: dict[str, str] = {}
         self._instance_cache: dict[str, Optional[apis.InstanceProfile]] = {}
@@ -114,7 +115,7 @@ class FileFacts(ExpressionValues):
         if isinstance(node, cst.Name):
             q = self.imports.get(node.value)
             if q is None and node.value not in self._bound_names:
-                known = apis.WELL_KNOWN_NAMES.get(node.value) or apis.well_known_class(node.value)
+                known = apis.WELL_KNOWN_NAMES.get(node.value) or self._well_known_class(node.value)
                 if known:
                     q = self.assumed_imports[node.value] = known
             return apis.canonical(q) if q else None
@@ -124,6 +125,12 @@ class FileFacts(ExpressionValues):
         if isinstance(node, cst.Call):  # ``torch.no_grad()`` used as a context manager
             return None
         return None
+
+    def _well_known_class(self, name: str) -> Optional[str]:
+        """A model-class-like name, unless a star import from another package may define it."""
+        if any(m.split(".")[0] not in ("transformers", "peft", "trl") for m in self.star_imports):
+            return None
+        return apis.well_known_class(name)
 
     def assumed_instance(self, key: str) -> Optional[apis.InstanceProfile]:
         """The library object ``key`` (a name or ``self.x``) stands for when the file never binds it but uses it
