@@ -65,3 +65,37 @@ def test_8bit_move_refused_by_old_bitsandbytes() -> None:
 
 def test_8bit_move_allowed_by_new_bitsandbytes() -> None:
     assert _move_findings("0.48.2") == []
+
+
+# GD506 with the checkpoint from a dataclass option default and no dtype, hardware unknown (FastChat-style):
+# transformers 4.x loads float32 (7B x 16 B = ~112 GB > 80 GB); 5.x loads the checkpoint's 16-bit (~56 GB).
+OPTION_SOURCE = '''from dataclasses import dataclass, field
+import transformers
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str = field(default="huggyllama/llama-7b")
+
+
+def train():
+    parser = transformers.HfArgumentParser((ModelArguments, transformers.TrainingArguments))
+    model_args, training_args = parser.parse_args_into_dataclasses()
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path)
+    transformers.Trainer(model=model, args=training_args).train()
+'''
+
+
+def _option_findings(target: str):
+    versions.set_targets({"transformers": target})
+    try:
+        return check_source(OPTION_SOURCE, "x.py", rules=[rule_by_code("GD506")])
+    finally:
+        versions.set_targets({})
+
+
+def test_option_default_name_is_version_aware() -> None:
+    [finding] = _option_findings("4.46.0")
+    assert "`huggyllama/llama-7b`" in finding.message and "4 x 4 B/param" in finding.message
+    assert "~112 GB" in finding.message and "--deepspeed" in finding.message
+    assert _option_findings("5.24.0") == []

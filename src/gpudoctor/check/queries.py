@@ -10,7 +10,7 @@ import libcst as cst
 from gpudoctor import hardware
 from gpudoctor.check import apis
 from gpudoctor.check.facts import (
-    TRAIT_PREPARED, CallSite, FileFacts, IfFrame, Scope, Value, call_arg, name_key, string_value,
+    TRAIT_PREPARED, CallSite, FileFacts, IfFrame, Scope, Value, call_arg, int_value, name_key, string_value,
 )
 from gpudoctor.check.finding import Severity
 
@@ -368,3 +368,58 @@ def weight_bytes(facts: FileFacts, call: cst.Call, value: Optional[Value] = None
     if version >= (5, 0):
         return 2, f"{versions.describe('transformers')} loads the checkpoint's dtype (`dtype=\"auto\"`); 16-bit assumed"
     return 4, f"{versions.describe('transformers')} loads float32 unless `dtype=` is given"
+
+
+# -- sizes for device-map arithmetic (GD109) -----------------------------------------------------
+
+
+def model_size(facts: FileFacts, model: Optional[cst.BaseExpression], order: int, scope: Scope) -> Optional[tuple[float, int, str, str]]:
+    """(parameters, bytes per weight, checkpoint name, dtype note) of the ``from_pretrained`` model an
+    expression holds (through variables, helpers and parameters), when its checkpoint name gives its size."""
+    if model is None:
+        return None
+    value = facts.value(model, order, scope)
+    origin = value.origin()
+    if value.kind != "model" or not isinstance(origin.node, cst.Call):
+        return None
+    load = facts.call_site(origin.node)
+    name = checkpoint_name(facts, origin.node, load.order, load.scope) if load else None
+    params = params_from_name(name)
+    if params is None or name is None:
+        return None
+    per_weight, note = weight_bytes(facts, origin.node, value)
+    return params, per_weight, name, note
+
+
+_MEMORY_TEXT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GiB|GB|MiB|MB|KiB|KB)?\s*$", re.IGNORECASE)
+_MEMORY_UNIT = {"gib": 1024**3, "gb": 1000**3, "mib": 1024**2, "mb": 1000**2, "kib": 1024, "kb": 1000, None: 1}
+
+
+def max_memory_budget(facts: FileFacts, node: Optional[cst.BaseExpression], order: int, scope: Scope) -> Optional[tuple[int, str]]:
+    """Total bytes of the GPU and CPU entries of a ``max_memory`` dict (``{0: "22GiB", "cpu": "30GiB"}``;
+    through a name, or ``get_balanced_memory(..., max_memory={...})``, which only lowers GPU budgets), and
+    its source text; None when any entry or the dict itself is not literal, or it has a "disk" entry."""
+    for _ in range(4):
+        if isinstance(node, (cst.Name, cst.Attribute)) and name_key(node) is not None:
+            binding = facts.binding_at(name_key(node), order, scope)
+            if binding is None or binding.kind != "assign" or binding.value is None:
+                return None
+            node, order, scope = binding.value, binding.order, binding.scope
+        elif isinstance(node, cst.Call) and (facts.qualname(node.func) or "").endswith("get_balanced_memory"):
+            node = call_arg(node, 1, "max_memory")
+        else:
+            break
+    if not isinstance(node, cst.Dict) or not node.elements:
+        return None
+    total = 0
+    for element in node.elements:
+        if not isinstance(element, cst.DictElement) or string_value(element.key) == "disk":
+            return None
+        amount = int_value(element.value)
+        if amount is None:
+            match = _MEMORY_TEXT.match(string_value(element.value) or "")
+            if match is None:
+                return None
+            amount = int(float(match.group(1)) * _MEMORY_UNIT[match.group(2).lower() if match.group(2) else None])
+        total += amount
+    return total, _plain(facts, node)

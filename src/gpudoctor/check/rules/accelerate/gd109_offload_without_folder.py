@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+from typing import Optional
+
+import libcst as cst
+
 from gpudoctor.check import apis, versions
-from gpudoctor.check.facts import FileFacts, call_arg
+from gpudoctor.check.facts import FileFacts, call_arg, string_value
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import snippet
+from gpudoctor.check.queries import _DTYPE_BYTES, max_memory_budget, model_size, snippet
 from gpudoctor.check.rule import Rule
 
 # (qualname) -> (device_map position, folder keyword, folder position, exact message)
@@ -34,7 +38,51 @@ class OffloadWithoutFolder(Rule):
     code = "GD109"
     name = "offload-without-folder"
     summary = 'A device map with "disk" entries but no offload folder'
-    triggers = ("disk",)
+    triggers = ("disk", "infer_auto_device_map", "max_memory")
+
+    @staticmethod
+    def _computed_disk(facts: FileFacts, site, device_map) -> Optional[str]:
+        """A computed map (``infer_auto_device_map(model, max_memory=...)``, or ``device_map="auto"`` with
+        ``max_memory=`` on the call) that must send modules to "disk": accelerate fills the GPUs and the CPU up
+        to their ``max_memory`` budgets and puts the rest on disk, so a model larger than the budgets together
+        is partly on disk. The size is the checkpoint's (by its name) at its weight dtype."""
+        if device_map.strategy != "auto":
+            return None
+        infer = device_map.node
+        if isinstance(infer, cst.Call) and facts.qualname(infer.func) in apis.INFER_DEVICE_MAP:
+            infer_site = facts.call_site(infer)
+            if infer_site is None:
+                return None
+            model_node, memory_node = call_arg(infer, 0, "model"), call_arg(infer, 1, "max_memory")
+            order, scope = infer_site.order, infer_site.scope
+            dtype_node = call_arg(infer, 3, "dtype")
+            how = "`infer_auto_device_map(...)`"
+        elif site.qualname == "accelerate.load_checkpoint_and_dispatch":
+            model_node, memory_node = call_arg(site.node, 0, "model"), call_arg(site.node, 3, "max_memory")
+            order, scope = site.order, site.scope
+            dtype_node = call_arg(site.node, keyword="dtype")
+            how = "`device_map=\"auto\"`"
+        else:
+            return None
+        budget = max_memory_budget(facts, memory_node, order, scope)
+        size = model_size(facts, model_node, order, scope)
+        if budget is None or size is None:
+            return None
+        params, per_weight, name, note = size
+        if dtype_node is not None:
+            dtype = (facts.qualname(dtype_node) or string_value(dtype_node) or "").split(".")[-1]
+            if dtype not in _DTYPE_BYTES:
+                return None
+            per_weight, note = _DTYPE_BYTES[dtype], f"`dtype={dtype}`"
+        need = params * per_weight
+        total, text = budget
+        if need <= total:
+            return None
+        return (
+            f"gets a device map computed by {how} that must use disk: `{name}` is ~{params / 1e9:g}B parameters x "
+            f"{per_weight} B ({note}) = ~{need / 1e9:.0f} GB, more than its `max_memory` budgets together "
+            f"({text} = {total / 1e9:.1f} GB), so accelerate places the remaining modules on \"disk\""
+        )
 
     def check(self, facts: FileFacts):
         for site in facts.calls:
@@ -51,12 +99,17 @@ class OffloadWithoutFolder(Rule):
                 if q == "accelerate.dispatch_model" and call_arg(call, 5, "offload_index") is not None:
                     continue
                 device_map = facts.device_map(call_arg(call, map_pos, "device_map"), site.order, site.scope)
-                if device_map is None or "disk" not in device_map.devices:
+                if device_map is None:
                     continue
+                if "disk" in device_map.devices:
+                    why = "gets a device map with `\"disk\"` entries"
+                else:
+                    why = self._computed_disk(facts, site, device_map)
+                    if why is None:
+                        continue
                 yield self.report(
                     call,
-                    f"`{snippet(facts, call)}` gets a device map with `\"disk\"` entries but no `{folder_kw}=`, so it "
-                    f"raises \"{message}\"",
+                    f"`{snippet(facts, call)}` {why} but no `{folder_kw}=`, so it raises \"{message}\"",
                     fix_hint=f"Pass `{folder_kw}=\"offload\"` (any writable folder), or keep those modules on cpu.",
                 )
                 continue

@@ -1,32 +1,36 @@
 from __future__ import annotations
 
+from typing import Optional
+
 import libcst as cst
 
 from gpudoctor.check import apis
 from gpudoctor.check.facts import FileFacts, call_arg, is_true, name_key
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import language_model_kind, snippet
+from gpudoctor.check.queries import language_model_kind, model_class_names, snippet
 from gpudoctor.check.rule import Rule
 
 
 class EvalLogitsAccumulation(Rule):
-    """A ``Trainer`` for a causal LM given ``compute_metrics`` but no ``preprocess_logits_for_metrics``:
+    """A ``Trainer`` for a causal or masked LM (a vocabulary-sized head) given ``compute_metrics`` but no
+    ``preprocess_logits_for_metrics``:
     evaluation keeps the full logits of every eval batch (batch x sequence x vocabulary) on the device
     until the end of the loop (transformers#8476), then hands them all to ``compute_metrics`` at once."""
 
     code = "GD505"
     name = "eval-logits-accumulation"
-    summary = "Trainer(compute_metrics=...) for a causal LM without preprocess_logits_for_metrics: eval keeps all logits"
+    summary = "Trainer(compute_metrics=...) for a causal/masked LM without preprocess_logits_for_metrics: eval keeps all logits"
     severity = Severity.WARNING
     triggers = ("compute_metrics",)
 
     def check(self, facts: FileFacts):
-        if language_model_kind(facts) != "causal":
-            return
         evaluates = any(True for _ in facts.method_calls("evaluate", "predict"))
         for site in facts.calls_to(*apis.TRAINERS):
             metrics = site.arg(keyword="compute_metrics")
             if metrics is None or (isinstance(metrics, cst.Name) and metrics.value == "None"):
+                continue
+            head = self._lm_head(facts, site)
+            if head is None:
                 continue
             if site.arg(keyword="preprocess_logits_for_metrics") is not None:
                 continue
@@ -43,8 +47,8 @@ class EvalLogitsAccumulation(Rule):
                 else "they stay on the GPU until the whole eval set is done"
             )
             yield self.report(
-                metrics,
-                f"`{snippet(facts, site.node.func)}(compute_metrics={snippet(facts, metrics, 30)})` without "
+                site.node,
+                f"`{snippet(facts, site.node.func)}(compute_metrics={snippet(facts, metrics, 30)})` for a {head} without "
                 "`preprocess_logits_for_metrics`: evaluation gathers the full logits of every batch (vocabulary-sized "
                 f"per token: 64-128 KB per token for a 32k vocabulary in 16/32-bit, so ~32-64 MB per 512-token "
                 f"sample) and {where} (transformers#8476). A few hundred eval samples hold gigabytes.",
@@ -53,6 +57,20 @@ class EvalLogitsAccumulation(Rule):
                     "logits.argmax(-1)` (then compute_metrics gets token ids), or `batch_eval_metrics=True`."
                 ),
             )
+
+    @staticmethod
+    def _lm_head(facts: FileFacts, site) -> Optional[str]:
+        """"causal LM" / "masked LM" when the trainer's model has a vocabulary-sized head (by its class,
+        else by the classes the file uses), None otherwise."""
+        model = site.arg(0, "model")
+        owner = facts.value(model, site.order, site.scope).origin().trait("class") if model is not None else None
+        name = str(owner).split(".")[-1] if owner else ""
+        if name and apis.is_model_class(name):
+            return _head_of(name)
+        heads = {_head_of(n) for n in model_class_names(facts)} - {None}
+        if language_model_kind(facts) == "causal" or heads == {"masked LM"}:
+            return heads.pop() if len(heads) == 1 else "causal LM"
+        return None
 
     @staticmethod
     def _training_args(facts: FileFacts, site):
@@ -66,3 +84,11 @@ class EvalLogitsAccumulation(Rule):
         if binding is not None and isinstance(binding.value, cst.Call) and facts.qualname(binding.value.func) in apis.TRAINING_ARGS:
             return binding.value
         return None
+
+
+def _head_of(class_name: str) -> Optional[str]:
+    if apis.is_causal_lm_class(class_name) or class_name.endswith("LMHeadModel"):
+        return "causal LM"
+    if class_name.endswith(("ForMaskedLM", "ForPreTraining")):
+        return "masked LM"
+    return None
