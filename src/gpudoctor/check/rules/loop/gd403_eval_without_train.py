@@ -80,16 +80,7 @@ class EvalWithoutTrain(Rule):
         """The helper's ``.eval()`` receiver is a parameter whose argument at ``via`` is bound, in the loop, to
         something other than the trained modules on some path (``test_model = ema_model.ema if use_ema else
         model`` written as an if/else): evaluation runs on an EMA copy, and the trained model keeps its mode."""
-        binding = facts.binding_at(snippet(facts, site.receiver), site.order, site.scope)
-        if binding is None or binding.kind != "param" or not isinstance(binding.target, cst.Param):
-            return False
-        callee = next(iter(facts.callee_scopes(via)), None)
-        if callee is None or binding.scope is not callee:
-            return False
-        params = [*callee.node.params.posonly_params, *callee.node.params.params]
-        position = next((i for i, p in enumerate(params) if p is binding.target), None)
-        arg = via.arg(position, binding.target.name.value)
-        key = snippet(facts, arg) if arg is not None else None
+        key = EvalWithoutTrain._argument_for(facts, site, via)
         if key is None:
             return False
         values = [
