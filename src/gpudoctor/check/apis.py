@@ -133,8 +133,13 @@ def is_config_class(name: str) -> bool:
     return name.endswith("Config") and name != "BitsAndBytesConfig"
 
 
+# Older causal LM heads whose loss shifts the labels too (their docstrings in transformers 5.24: "the labels
+# **are shifted** inside the model"); XLNetLMHeadModel does not shift and is not one.
+_CAUSAL_LM_HEADS = {"GPT2LMHeadModel", "OpenAIGPTLMHeadModel", "CTRLLMHeadModel"}
+
+
 def is_causal_lm_class(name: str) -> bool:
-    return name.endswith("ForCausalLM") or name in {"AutoModelForCausalLM", "AutoPeftModelForCausalLM"}
+    return name.endswith("ForCausalLM") or name in {"AutoModelForCausalLM", "AutoPeftModelForCausalLM"} | _CAUSAL_LM_HEADS
 
 
 def is_seq2seq_class(name: str) -> bool:

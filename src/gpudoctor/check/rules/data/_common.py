@@ -8,7 +8,7 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from gpudoctor.check.facts import FileFacts, Scope, call_arg, dotted, int_value, is_true, string_value
+from gpudoctor.check.facts import FileFacts, Scope, call_arg, dotted, int_value, is_true, name_key, string_value
 
 _TOKENIZE_METHODS = {None, "__call__", "encode_plus", "batch_encode_plus", "encode", "apply_chat_template"}
 # Methods/functions that keep the token ids (and the tokenization) of what they are applied to.
@@ -79,6 +79,8 @@ def ids_source(facts: FileFacts, node: Optional[cst.BaseExpression], order: int,
     if node is None or depth > 6:
         return None
     node = peel(facts, node)
+    if _row_of(node) is not None:
+        node = peel(facts, _row_of(node))  # enc["input_ids"][idx]: one example's ids of that tokenization
     direct = tokenizer_call(facts, node)
     if direct is not None and isinstance(direct.func, cst.Attribute) and direct.func.attr.value == "encode":
         return direct
@@ -107,6 +109,24 @@ def encoding_source(facts: FileFacts, node: cst.BaseExpression, order: int, scop
     binding = facts.assignment_of(node, order, scope)
     if binding is not None:
         return encoding_source(facts, binding.value, binding.order, binding.scope, depth + 1)
+    key = name_key(node)
+    binding = facts.binding_at(key, order, scope) if key is not None and "." not in key else None
+    if binding is not None and binding.kind == "param":
+        # a Dataset's ``__init__(self, encodings)`` ... ``QADataset(tokenizer(questions))``: every call passes one
+        found = {id(c): c for c in (
+            encoding_source(facts, *argument, depth + 1) for argument in facts._param_arguments(binding)
+        )}
+        if len(found) == 1 and None not in found:
+            return next(iter(found.values()))
+    return None
+
+
+def _row_of(node: cst.BaseExpression) -> Optional[cst.BaseExpression]:
+    """``ids[idx]`` (an index that is a name, not a key string): ``ids``; else None."""
+    if isinstance(node, cst.Subscript) and len(node.slice) == 1:
+        index = node.slice[0].slice
+        if isinstance(index, cst.Index) and isinstance(index.value, cst.Name):
+            return node.value
     return None
 
 

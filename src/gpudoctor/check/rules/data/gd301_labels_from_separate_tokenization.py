@@ -70,6 +70,8 @@ class LabelsFromSeparateTokenization(Rule):
             if subscript_key(site.target) != "labels" or site.base_key is None:
                 continue
             encoding = encoding_source(facts, site.target.value, site.order, site.scope)
+            if encoding is None:
+                encoding = _items_copied_from(facts, site.target.value, site.order, site.scope)
             if encoding is not None:
                 yield site.value, ("encoding", encoding, site.target.value), site.value, site.order, site.scope
 
@@ -127,6 +129,19 @@ def _labels_decoded_next_to_generate(facts: FileFacts) -> bool:
             if _LABELS.search(text):
                 return True
     return False
+
+
+def _items_copied_from(facts: FileFacts, node, order: int, scope) -> Optional[cst.Call]:
+    """``item = {k: torch.tensor(v[idx]) for k, v in self.encodings.items()}``: the tokenizer call of
+    ``self.encodings`` (the item holds that encoding's ``input_ids``)."""
+    binding = facts.assignment_of(node, order, scope)
+    comp = binding.value if binding is not None else None
+    if not isinstance(comp, cst.DictComp) or comp.for_in.inner_for_in is not None:
+        return None
+    iterable = comp.for_in.iter
+    if not (isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Attribute) and iterable.func.attr.value == "items"):
+        return None
+    return encoding_source(facts, iterable.func.value, binding.order, binding.scope)
 
 
 def _encoding_of(inputs) -> Optional[cst.BaseExpression]:

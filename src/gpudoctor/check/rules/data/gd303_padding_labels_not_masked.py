@@ -34,7 +34,8 @@ class PaddingLabelsNotMasked(Rule):
     triggers = ("labels",)
 
     def check(self, facts: FileFacts):
-        if language_model_kind(facts) != "causal" or masks_labels_somewhere(facts):
+        kind = language_model_kind(facts)
+        if not (kind == "causal" or kind is None and _pads_with_eos(facts)) or masks_labels_somewhere(facts):
             return
         if any(word in facts.source for word in _LABEL_COLLATORS):
             return
@@ -96,3 +97,16 @@ def _batched(call: cst.Call) -> bool:
     """The tokenizer gets several texts at once (a list display or comprehension)."""
     first = call.args[0].value if call.args and call.args[0].keyword is None else None
     return isinstance(first, (cst.List, cst.ListComp))
+
+
+def _pads_with_eos(facts: FileFacts) -> bool:
+    """``tokenizer.pad_token = tokenizer.eos_token`` (or the ids): a tokenizer without a pad token of its own,
+    the decoder-only (causal LM) families; read when the file names no model class (a preprocessing script)."""
+    for site in facts.attribute_assigns:
+        attr = site.target.attr.value
+        value = site.value
+        if attr in ("pad_token", "pad_token_id") and isinstance(value, cst.Attribute) and value.attr.value in (
+            "eos_token", "eos_token_id"
+        ):
+            return True
+    return False

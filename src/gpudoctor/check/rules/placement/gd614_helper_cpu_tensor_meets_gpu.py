@@ -4,7 +4,7 @@ from typing import Optional
 
 import libcst as cst
 
-from gpudoctor.check.facts import FileFacts
+from gpudoctor.check.facts import TRAIT_DISPATCHED, TRAIT_PREPARED, FileFacts
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
@@ -13,6 +13,7 @@ from gpudoctor.check.rules.placement._common import (
     file_sets_default_device,
     mixing_use,
     on_accelerator,
+    parents,
 )
 
 
@@ -47,10 +48,10 @@ class HelperCpuTensorMeetsGpu(Rule):
                 continue  # made by the caller and handed through: not the helper's doing
             root = site.scope.node if site.scope.kind == "function" else facts.module
             use = mixing_use(facts, site.node, root)
-            if use is None or id(use) in reported:
-                continue
-            placed = self._accelerator_operand(facts, use)
+            placed = self._accelerator_operand(facts, use) if use is not None else None
             if placed is None:
+                use, placed = self._model_input(facts, site, root)
+            if use is None or placed is None or id(use) in reported:
                 continue
             reported.add(id(use))
             helper = snippet(facts, site.node.func, 30)
@@ -64,6 +65,39 @@ class HelperCpuTensorMeetsGpu(Rule):
                 "creation, or `.to(x.device)` before returning).",
                 related=((origin, "built on the CPU here"), (placed, "the other operand is put on an accelerator here")),
             )
+
+    def _model_input(self, facts: FileFacts, site, root):
+        """(the model call, the accelerator tensor) when the helper's result, directly or through a local name,
+        is an input of a model call (``model(src, trg, src_mask, make_mask(n))``) that also takes a tensor the
+        file puts on an accelerator."""
+        up = parents(facts, root)
+        nodes = [site.node]
+        parent = up.get(id(site.node))
+        if isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target, cst.Name):
+            key = parent.targets[0].target.value
+            binding = facts.binding_at(key, site.order + 1, site.scope)
+            for _order, load, scope in facts.name_loads.get(key, ()):
+                if scope is site.scope and facts.binding_at(key, *facts._position_of(load)) is binding:
+                    nodes.append(load)
+        for node in nodes:
+            arg = up.get(id(node))
+            call = up.get(id(arg)) if isinstance(arg, cst.Arg) else None
+            if not isinstance(call, cst.Call) or arg.star:
+                continue
+            order, scope = facts._position_of(call)
+            model = facts.value(call.func, order, scope)
+            if model.kind != "model" or str(model.trait("class") or "").endswith("Loss"):
+                continue
+            if model.has(TRAIT_DISPATCHED) or model.has(TRAIT_PREPARED) or _moves_inputs(model):
+                continue  # accelerate's hooks, DataParallel's scatter and DDP move the inputs themselves
+            for other in call.args:
+                if other is arg:
+                    continue
+                where = _where(facts, other.value)
+                placed = on_accelerator(facts, other.value, *where) if where[0] is not None else None
+                if placed is not None:
+                    return call, placed
+        return None, None
 
     @staticmethod
     def _accelerator_operand(facts: FileFacts, use: cst.CSTNode) -> Optional[cst.CSTNode]:
@@ -102,3 +136,13 @@ def _where(facts: FileFacts, node: cst.CSTNode):
             return order, scope
         stack.extend(current.children)
     return None, None
+
+
+def _moves_inputs(model) -> bool:
+    """A wrapper (possibly under other values) that moves its inputs: DataParallel, DistributedDataParallel."""
+    while model is not None:
+        wrapper = str((model.traits or {}).get("wrapper") or "")
+        if wrapper.split(".")[-1] in ("DataParallel", "DistributedDataParallel"):
+            return True
+        model = model.base
+    return False
