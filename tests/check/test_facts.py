@@ -363,3 +363,20 @@ def test_keyword_argument_through_kwargs_dicts() -> None:
     sites = calls_named(facts, "from_pretrained")
     found = [facts.keyword_argument(s.node, "device_map", s.order, s.scope) for s in sites]
     assert [string_value(f) if f is not None else None for f in found] == ["auto", "balanced", "sequential", "cuda:0", None]
+
+
+def test_torchvision_pipeline_output_is_a_tensor() -> None:
+    facts = facts_of(
+        """
+        import torchvision.transforms as T
+        import torchvision.transforms.functional as TF
+        tensor_out = T.Compose([T.Resize(224), T.ToTensor()])
+        image_out = T.Compose([T.Resize(224), T.RandomHorizontalFlip()])
+        a = tensor_out(img)
+        b = image_out(img)
+        c = TF.to_tensor(img)
+        d = T.Normalize([0.5], [0.5])(a)
+        """
+    )
+    kinds = {key: facts.value(facts.module_scope.bindings[key][0].value).kind for key in "abcd"}
+    assert kinds == {"a": "tensor", "b": "unknown", "c": "tensor", "d": "tensor"}

@@ -46,6 +46,11 @@ _TENSOR_TO_PYTHON = {"item", "tolist", "numpy", "size", "dim", "numel", "ndimens
 # Methods of a module that return the module itself.
 _MODULE_SELF = {"train", "eval", "requires_grad_", "apply", "zero_grad"}
 _DEVICE_PREFIXES = ("cuda", "cpu", "mps", "xpu", "npu", "meta")
+# torchvision transforms whose output is a tensor: a pipeline's last step decides (``Compose([..., ToTensor(),
+# Normalize(...)])(img)``), and the functional forms.
+_TENSOR_TRANSFORMS = {"ToTensor", "PILToTensor", "Normalize", "ConvertImageDtype", "RandomErasing", "ToImage", "ToDtype",
+                      "ToPureTensor"}
+_TENSOR_TRANSFORM_FUNCTIONS = {"to_tensor", "pil_to_tensor", "normalize", "convert_image_dtype"}
 
 
 def _tensor(node: cst.CSTNode, **traits) -> Value:
@@ -238,7 +243,12 @@ class ExpressionValues:
             parts = q.split(".")
             if parts[0] == "torch":
                 return self._torch_call(call, parts, order, scope)
+            if parts[:2] == ["torchvision", "transforms"] and parts[-1] in _TENSOR_TRANSFORM_FUNCTIONS:
+                return _tensor(call, created=q)  # TF.to_tensor(img)
             return UNKNOWN
+        transformed = self._transformed_tensor(call, order, scope)
+        if transformed is not None:
+            return transformed
         func = call.func
         if isinstance(func, cst.Name):
             name = func.value
@@ -255,6 +265,22 @@ class ExpressionValues:
         if site is not None:
             return self._own_call_value(call, site)
         return UNKNOWN
+
+    def _transformed_tensor(self, call: cst.Call, order: int, scope: "Scope") -> Optional[Value]:
+        """``tfms(img)`` where ``tfms`` is a torchvision transform (or ``Compose`` pipeline) that ends in a
+        tensor step: the result is a (CPU) tensor."""
+        if not isinstance(call.func, (cst.Name, cst.Call)):
+            return None
+        built = call.func if isinstance(call.func, cst.Call) else self.built_by(call.func, order, scope)
+        step = built
+        q = self.qualname(built.func) if isinstance(built, cst.Call) else None
+        if q in ("torchvision.transforms.Compose", "torchvision.transforms.v2.Compose"):
+            steps = call_arg(built, 0, "transforms")
+            step = steps.elements[-1].value if isinstance(steps, cst.List) and steps.elements else None
+        q = self.qualname(step.func) if isinstance(step, cst.Call) else None
+        if q and q.startswith("torchvision.transforms.") and q.rsplit(".", 1)[1] in _TENSOR_TRANSFORMS:
+            return _tensor(call, created=q)
+        return None
 
     def _torch_call(self, call: cst.Call, parts: list[str], order: int, scope: "Scope") -> Value:
         last = parts[-1]

@@ -475,6 +475,11 @@ class FileFacts(ExpressionValues):
         for arg in call.args:
             key = name_key(arg.value) if arg.star == "**" else None
             binding = self.binding_at(key, order, scope) if key is not None else None
+            for _ in range(3):  # ``kwargs = base_kwargs``: the dict it names
+                if binding is None or binding.kind != "assign" or not isinstance(binding.value, cst.Name):
+                    break
+                key = binding.value.value
+                binding = self.binding_at(key, binding.order, binding.scope)
             if binding is not None and binding.kind == "assign":
                 yield key, binding
 

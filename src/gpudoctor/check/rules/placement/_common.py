@@ -308,7 +308,19 @@ def _first_mixing_load(facts: FileFacts, key: str, assign: cst.Assign, root: cst
         found = mixing_use(facts, load, root, depth + 1)
         if found is not None:
             return found
+        if _rebinds(facts, load, key, assign, root):
+            return None  # ``m = m.repeat(b, 1).to(x.device)``: later loads see the new value
     return None
+
+
+def _rebinds(facts: FileFacts, load: cst.CSTNode, key: str, assign: cst.Assign, root: cst.CSTNode) -> bool:
+    """``load`` is read in the value of a later assignment to the same name (``m = m.repeat(n)...``)."""
+    up = parents(facts, root)
+    node = up.get(id(load))
+    while node is not None and not isinstance(node, (cst.BaseStatement, cst.BaseSmallStatement)):
+        node = up.get(id(node))
+    return (isinstance(node, cst.Assign) and node is not assign and len(node.targets) == 1
+            and name_key(node.targets[0].target) == key)
 
 
 def _placed_here(facts: FileFacts, load: cst.CSTNode, root: cst.CSTNode) -> bool:

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from gpudoctor.check.facts import FileFacts
+from gpudoctor.check.facts import FileFacts, Scope, name_key
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
@@ -42,13 +42,59 @@ class TensorCreatedInForward(Rule):
                     use = mixing_use(facts, site.node, scope.node)
                     if use is None:
                         continue
-                    yield self.report(
-                        site.node,
-                        f"`{snippet(facts, site.node)}` in `{class_name}.forward` is created on the default device "
-                        f"(CPU) and then meets the inputs or weights in `{snippet(facts, use, 50)}`; once the model "
-                        "is on an accelerator this raises \"Expected all tensors to be on the same device, but found "
-                        "at least two devices, cuda:0 and cpu!\" (`.to()` moves parameters and buffers, never "
-                        "tensors created while running).",
-                        fix_hint="Create it where the data is: add `device=x.device` (and `dtype=x.dtype` if needed), "
-                        "or use `torch.zeros_like(x)` / `x.new_zeros(...)`.",
-                    )
+                    yield self._report(facts, site, f"`{class_name}.forward`", use)
+                yield from self._in_helpers(facts, class_name, scope)
+
+    def _report(self, facts: FileFacts, site, where: str, use):
+        return self.report(
+            site.node,
+            f"`{snippet(facts, site.node)}` in {where} is created on the default device "
+            f"(CPU) and then meets the inputs or weights in `{snippet(facts, use, 50)}`; once the model "
+            "is on an accelerator this raises \"Expected all tensors to be on the same device, but found "
+            "at least two devices, cuda:0 and cpu!\" (`.to()` moves parameters and buffers, never "
+            "tensors created while running).",
+            fix_hint="Create it where the data is: add `device=x.device` (and `dtype=x.dtype` if needed), "
+            "or use `torch.zeros_like(x)` / `x.new_zeros(...)`.",
+        )
+
+    def _in_helpers(self, facts: FileFacts, class_name: str, forward: Scope):
+        """Tensors created in the class's own methods that ``forward`` calls (``H = self._set_hidden_state(X,
+        H)`` ... ``return torch.zeros(n, self.hidden)``): mixed inside the helper, or returned to ``forward``
+        and mixed there."""
+        reported: set[int] = set()
+        for call in facts.calls:
+            if call.scope is not forward:
+                continue
+            key = name_key(call.node.func)
+            if key is None or not key.startswith("self.") or key.count(".") != 1:
+                continue
+            for helper in facts.callee_scopes(call):
+                if helper is forward or helper.class_name != class_name:
+                    continue
+                for site in facts.calls:
+                    if site.scope is not helper or id(site.node) in reported:
+                        continue
+                    if creation_qualname(facts, site.node) is None or is_scalar_tensor(facts, site.node):
+                        continue
+                    use = mixing_use(facts, site.node, helper.node)
+                    where = f"`{class_name}.{helper.name}` (called from `forward`)"
+                    if use is None and self._returned(facts, site, helper):
+                        use = mixing_use(facts, call.node, forward.node)
+                        where = f"`{class_name}.{helper.name}` (returned to `forward`)"
+                    if use is not None:
+                        reported.add(id(site.node))
+                        yield self._report(facts, site, where, use)
+
+    @staticmethod
+    def _returned(facts: FileFacts, site, helper: Scope) -> bool:
+        """The created tensor is what the helper returns: ``return torch.zeros(...)`` or ``h = torch.zeros(...)``
+        ... ``return h``."""
+        for ret in facts.returns.get(id(helper), ()):
+            if ret.kind != "return" or ret.value is None:
+                continue
+            if ret.value is site.node:
+                return True
+            binding = facts.assignment_of(ret.value, ret.order, ret.scope)
+            if binding is not None and binding.value is site.node:
+                return True
+        return False

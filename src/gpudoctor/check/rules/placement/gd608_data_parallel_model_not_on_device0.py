@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from gpudoctor.check import apis
-from gpudoctor.check.facts import FileFacts, name_key
+from gpudoctor.check.facts import FileFacts, call_arg, name_key, string_value
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
@@ -43,8 +43,70 @@ class DataParallelModelNotOnDevice0(Rule):
                 )
                 hint = "Move it first: `model.to(\"cuda:0\")` (or `.to(f\"cuda:{device_ids[0]}\")`), then wrap."
             else:
+                yield from self._moved_elsewhere(facts, site, module, device_ids)
                 continue
             yield self.report(site.node, message, fix_hint=hint, severity=severity)
+
+    def _moved_elsewhere(self, facts: FileFacts, site, module, device_ids):
+        """The module (or its wrapper) ends up on a GPU with a literal index other than ``device_ids[0]``
+        (all visible GPUs, from 0, when not given): ``DataParallel(model).to("cuda:1")``."""
+        if device_ids is None:
+            first = 0
+        elif isinstance(device_ids, (cst.List, cst.Tuple)) and device_ids.elements \
+                and isinstance(device_ids.elements[0].value, cst.Integer):
+            first = int(device_ids.elements[0].value.value)
+        else:
+            return
+        keys = {name_key(module)} | {b.key for b in facts._bindings_of_value(site.node)}
+        keys.discard(None)
+        moves = [c for c in facts.calls if c.method in apis.MODULE_MOVES and c.scope is site.scope
+                 and (name_key(c.receiver) in keys or c.receiver is module)]
+        if not moves:
+            return
+        move = moves[-1]
+        if move.method not in ("to", "cuda"):
+            return
+        target = move.arg(0, "device")
+        index = self._device_index(facts, target, move.order, move.scope) if move.method == "to" else (
+            int(target.value) if isinstance(target, cst.Integer) else None)
+        if index is None or index == first:
+            return
+        yield self.report(
+            move.node,
+            f"`{snippet(facts, move.node, 50)}` puts the model on `cuda:{index}`, but "
+            f"`{snippet(facts, site.node.func)}` runs its replicas from `device_ids[0]` = {first}"
+            f"{'' if device_ids is not None else ' (all visible GPUs when `device_ids` is not given)'}; the first forward "
+            f"raises \"RuntimeError: module must have its parameters and buffers on device cuda:{first} (device_ids[0]) "
+            f"but found one of them on device: cuda:{index}\".",
+            fix_hint=f"Put the model's GPU first: `DataParallel(model, device_ids=[{index}, ...])`, or move it to "
+            f"`cuda:{first}`.",
+            severity=Severity.ERROR,
+            related=((site.node, "wrapped here"),),
+        )
+
+    def _device_index(self, facts: FileFacts, node, order: int, scope, depth: int = 0):
+        """The literal GPU index of a device expression: ``"cuda:1"``, ``torch.device("cuda", 1)``, ``1``, a
+        name bound to one, or the GPU branch of ``"cuda:1" if torch.cuda.is_available() else "cpu"``."""
+        if node is None or depth > 4:
+            return None
+        if isinstance(node, cst.Integer):
+            return int(node.value)
+        text = string_value(node)
+        if text is not None:
+            head, _, index = text.partition(":")
+            return int(index) if head == "cuda" and index.isdigit() else None
+        if isinstance(node, cst.IfExp):
+            other = string_value(node.orelse)
+            return self._device_index(facts, node.body, order, scope, depth + 1) if other in ("cpu", "mps") else None
+        if isinstance(node, cst.Call) and facts.qualname(node.func) == "torch.device":
+            kind, index = call_arg(node, 0, "type"), call_arg(node, 1, "index")
+            if isinstance(index, cst.Integer) and string_value(kind) == "cuda":
+                return int(index.value)
+            return self._device_index(facts, kind, order, scope, depth + 1) if index is None else None
+        binding = facts.assignment_of(node, order, scope)
+        if binding is not None:
+            return self._device_index(facts, binding.value, binding.order, binding.scope, depth + 1)
+        return None
 
     def _moved_later(self, facts: FileFacts, site, module) -> bool:
         keys = {name_key(module)}
