@@ -66,11 +66,12 @@ class Workload:
     target_len: int | None = None
     lora_r: int = 16
     lora_alpha: int = 32
-    lora_targets: str | tuple[str, ...] = "all-linear"
+    lora_targets: str | tuple[str, ...] | None = "all-linear"  # None: peft's default for the architecture
     optimizer: str = "adamw"
+    foreach: bool | None = None  # AdamW's multi-tensor implementation (None: torch's default, on for CUDA)
 
     def lora_kwargs(self) -> dict:
-        targets = self.lora_targets if isinstance(self.lora_targets, str) else list(self.lora_targets)
+        targets = self.lora_targets if isinstance(self.lora_targets, str) or self.lora_targets is None else list(self.lora_targets)
         return {"r": self.lora_r, "lora_alpha": self.lora_alpha, "lora_dropout": 0.05, "target_modules": targets}
 
 
@@ -518,7 +519,7 @@ def _run(info, method, workload, checkpointing, card, layers, device_map) -> dic
                         dtype=method.dtype, lora=workload.lora_kwargs() if method.lora else None,
                         device_map=placement or None,
                         gradient_checkpointing=checkpointing and not method.autocast,
-                        optimizer=workload.optimizer, autocast=method.autocast)
+                        optimizer=workload.optimizer, foreach=workload.foreach, autocast=method.autocast)
     trainable = sum(p.numel() * p.element_size() for p in _unique_params(built[0]) if p.requires_grad) if built else 0
     devices = []
     for row in out["devices"]:
