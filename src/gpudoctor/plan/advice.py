@@ -30,15 +30,28 @@ def recommendation(plan) -> str:
             f"{gib(best.headroom)} left.")
 
 
+def _auto_class(info) -> str:
+    if info.remote_code:
+        return "AutoModel"  # what the checkpoint's auto_map names (e.g. ChatGLM-6B's)
+    try:
+        from gpudoctor.plan.simulated import auto_class_name
+
+        return auto_class_name(info)
+    except Exception:
+        return "AutoModelForSeq2SeqLM" if info.encoder_decoder else "AutoModelForCausalLM"
+
+
 def snippet(plan) -> str:
     best = plan.recommended
     if best is None:
         return ""
     m, name, wl = best.method, plan.info.name, plan.workload
     dtype = _DTYPE[m.dtype]
-    lines = ["import torch", "from transformers import AutoModelForCausalLM" if not plan.info.encoder_decoder
-             else "from transformers import AutoModelForSeq2SeqLM as AutoModelForCausalLM"]
+    auto = _auto_class(plan.info)
+    lines = ["import torch", f"from transformers import {auto}"]
     kwargs = [f"dtype={dtype}"]
+    if plan.info.remote_code:
+        kwargs.insert(0, "trust_remote_code=True")
     if m.quant_bits:
         lines.append("from transformers import BitsAndBytesConfig")
         quant = ("BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"nf4\", bnb_4bit_use_double_quant=True, "
@@ -54,7 +67,7 @@ def snippet(plan) -> str:
         lines.append("import os\nlocal_rank = int(os.environ[\"LOCAL_RANK\"]); torch.cuda.set_device(local_rank)")
     elif best.placement == "DDP":
         lines.insert(2, "import os\nlocal_rank = int(os.environ[\"LOCAL_RANK\"]); torch.cuda.set_device(local_rank)")
-    lines.append(f"model = AutoModelForCausalLM.from_pretrained({name!r}, {', '.join(kwargs)})")
+    lines.append(f"model = {auto}.from_pretrained({name!r}, {', '.join(kwargs)})")
     if m.quant_bits:
         lines.append(f"model = prepare_model_for_kbit_training(model, use_gradient_checkpointing={best.checkpointing})")
     elif best.checkpointing:

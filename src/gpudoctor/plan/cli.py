@@ -15,7 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(full fp32/bf16/fp16 AMP, LoRA, QLoRA 8/4-bit) x gradient checkpointing x placement (1 GPU, device_map, "
         "DDP, FSDP), from simulated training steps of the real architecture.")
     parser.add_argument("model", nargs="?", help="Hub id (bundled config offline), local checkpoint folder or config.json")
-    parser.add_argument("--gpus", required=True, help="cards, e.g. 2xT4, 6x3070Ti, 1xA100-80GB, 2x16GB (gpudoctor trace --list-gpus)")
+    parser.add_argument("--gpus", help="cards, e.g. 2xT4, 6x3070Ti, 1xA100-80GB, 2x16GB (gpudoctor trace --list-gpus)")
     parser.add_argument("--script", help="read model, batch, sequence length and LoRA settings from this training script "
                         "(read like `gpudoctor check` reads it; never imported or run)")
     parser.add_argument("--batch", type=int, help="micro-batch per process (default 4, or the script's)")
@@ -28,11 +28,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-search", action="store_true", help="skip the largest batch / sequence length search")
     parser.add_argument("--no-cache", action="store_true", help="simulate everything again (no read or write of the cache)")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--published", action="store_true", help="reproduce the published measurements the simulator is "
+                        "checked against (PEFT's A100-80GB table) through plan, and show the gaps (no MODEL or --gpus)")
+    parser.add_argument("--quick", action="store_true", help="with --published: only the smallest model (T0_3B, LoRA and full)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.published:
+        return _published(args)
+    if not args.gpus:
+        print("gpudoctor plan: --gpus is required (e.g. --gpus 2xT4)", file=sys.stderr)
+        return 2
     from gpudoctor.simulate.cards import UnknownCard, parse_spec
 
     try:
@@ -92,4 +100,15 @@ def main(argv: list[str] | None = None) -> int:
         render.print_rich(plan, console)
     else:
         print(render.plain(plan))
+    return 0
+
+
+def _published(args) -> int:
+    import json
+
+    from gpudoctor.plan import published
+
+    points = published.POINTS[:1] + published.POINTS[2:3] if args.quick else published.POINTS  # T0_3B LoRA and full
+    results = published.reproduce(points, use_cache=not args.no_cache)
+    print(json.dumps(results, indent=2) if args.json else published.render(results))
     return 0

@@ -66,11 +66,12 @@ class Workload:
     target_len: int | None = None
     lora_r: int = 16
     lora_alpha: int = 32
-    lora_targets: str | tuple[str, ...] = "all-linear"
+    lora_targets: str | tuple[str, ...] | None = "all-linear"  # None: peft's default for the architecture
     optimizer: str = "adamw"
+    foreach: bool | None = None  # AdamW's multi-tensor implementation (None: torch's default, on for CUDA)
 
     def lora_kwargs(self) -> dict:
-        targets = self.lora_targets if isinstance(self.lora_targets, str) else list(self.lora_targets)
+        targets = self.lora_targets if isinstance(self.lora_targets, str) or self.lora_targets is None else list(self.lora_targets)
         return {"r": self.lora_r, "lora_alpha": self.lora_alpha, "lora_dropout": 0.05, "target_modules": targets}
 
 
@@ -89,6 +90,7 @@ class ModelInfo:
     no_split: list[str]
     num_params: int
     layer_params: int  # parameters of one decoder layer
+    remote_code: bool = False  # the architecture is the Hub's remote code (loaded with trust_remote_code=True)
 
     def config_key(self) -> str:
         return json.dumps(self.config.to_dict(), sort_keys=True, default=str)
@@ -112,7 +114,19 @@ def resolve(model: str) -> ModelInfo:
     return ModelInfo(name=model, config=config, source=source, encoder_decoder=bool(getattr(config, "is_encoder_decoder", False)),
                      num_layers=int(getattr(config, "num_hidden_layers", 0) or 0), layers_path=layers_path,
                      no_split=list(getattr(meta, "_no_split_modules", None) or []),
-                     num_params=sum(p.numel() for p in _unique_params(meta)), layer_params=layer_params)
+                     num_params=sum(p.numel() for p in _unique_params(meta)), layer_params=layer_params,
+                     remote_code=is_remote_code(config))
+
+
+def is_remote_code(config) -> bool:
+    """Whether transformers itself lacks the architecture: the checkpoint ships it (``auto_map``) and
+    ``from_pretrained`` needs ``trust_remote_code=True``."""
+    from transformers import CONFIG_MAPPING
+
+    model_type = getattr(config, "model_type", None)
+    if model_type in CONFIG_MAPPING and CONFIG_MAPPING[model_type].__module__.startswith("transformers."):
+        return False
+    return bool(getattr(config, "auto_map", None)) or model_type is not None
 
 
 def _unique_params(model):
@@ -124,11 +138,46 @@ def _unique_params(model):
 
 
 def _model_class(config):
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+    """The class ``from_pretrained`` would build: the Seq2SeqLM mapping's, then the CausalLM mapping's, then
+    AutoModel's (e.g. a remote-code model registered only there, as ChatGLM's ``AutoModel``)."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
     from transformers.models.auto.auto_factory import _get_model_class
 
-    auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
-    return _get_model_class(config, auto._model_mapping)
+    autos = (AutoModelForSeq2SeqLM, AutoModelForCausalLM, AutoModel)
+    if not getattr(config, "is_encoder_decoder", False):
+        autos = autos[1:]
+    for auto in autos:
+        try:
+            return _get_model_class(config, auto._model_mapping)
+        except (KeyError, ValueError):
+            continue
+    from gpudoctor.simulate.hub import NotSimulable
+
+    raise NotSimulable(f"transformers has no model class for {type(config).__name__} "
+                            f"(model_type {getattr(config, 'model_type', '?')!r})")
+
+
+def auto_class_name(info: "ModelInfo") -> str:
+    """The Auto class a script loads this model with (what the printed code imports)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    cls = _model_class(info.config)
+    for auto in (AutoModelForSeq2SeqLM, AutoModelForCausalLM):
+        if cls in auto._model_mapping.values():
+            return auto.__name__
+    return "AutoModel"
+
+
+def cast_floating(model, dtype) -> None:
+    """Cast every floating parameter to ``dtype``: some architectures pin their own (ChatGLM-6B's remote
+    code creates its Linears and embeddings in fp16 whatever ``dtype`` says), but a plan's strategy is
+    the dtype the weights train in (e.g. fp32 master weights under AMP, after ``.float()``)."""
+    import torch
+
+    for module in model.modules():
+        for key, param in module._parameters.items():
+            if param is not None and param.is_floating_point() and param.dtype != dtype:
+                param.data = param.data.to(dtype)
 
 
 _META: dict = {}  # (config, dtype, bits) -> meta model, built once per process (a 7B one takes seconds)
@@ -154,11 +203,32 @@ def _build_meta(config, dtype=None, quant_bits=None):
     with init_empty_weights():
         model = _model_class(config)._from_config(config, dtype=dtype or torch.float32)
     model.tie_weights()
+    cast_floating(model, dtype or torch.float32)
     if quant_bits:
-        from gpudoctor.plan.quantized import quantize_linears
-
-        quantize_linears(model, quant_bits, dtype)
+        quantize(model, quant_bits, dtype)
     return model
+
+
+def quantize(model, bits: int, compute_dtype) -> None:
+    """The engine's bitsandbytes storage model (:mod:`gpudoctor.simulate.quant`), as the printed code loads
+    it: NF4 with double quantization and ``bnb_4bit_compute_dtype`` = the base dtype, or LLM.int8."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from gpudoctor.simulate.quant import quantize as engine_quantize
+
+    compute_dtype = getattr(torch, compute_dtype) if isinstance(compute_dtype, str) else compute_dtype
+    engine_quantize(model, SimpleNamespace(load_in_4bit=bits == 4, load_in_8bit=bits == 8, bnb_4bit_quant_type="nf4",
+                                           bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute_dtype))
+
+
+def prepare_kbit(model) -> None:
+    """peft's ``prepare_model_for_kbit_training`` without its checkpointing (the step enables that): freezes
+    the base and upcasts the 16-bit parameters left (norms, embeddings, the head) to fp32."""
+    from peft import prepare_model_for_kbit_training
+
+    prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
 
 
 def _layers_path(model, config) -> str | None:
@@ -205,12 +275,16 @@ def device_map_for(info: ModelInfo, method: Method, cards) -> dict:
 
 
 def module_bytes(info: ModelInfo, method: Method, names: list[str]) -> int:
-    """Bytes of the weights under the given module names (e.g. the ones a map offloads)."""
+    """Bytes of the weights under the given module names (e.g. the ones a map offloads), with the
+    quantization constants bitsandbytes keeps as buffers."""
+    import torch
+
     meta = _meta_model(info.config, method.dtype, method.quant_bits)
     total = 0
     for name in names:
         module = meta.get_submodule(name) if name else meta
         total += sum(p.numel() * p.element_size() for p in module.parameters())
+        total += sum(b.numel() * b.element_size() for b in module.buffers() if b.is_floating_point() or b.dtype == torch.uint8)
     return total
 
 
@@ -240,9 +314,9 @@ def _cache_dir() -> Path:
 
 
 _FINGERPRINT: list[str] = []
-# Part of every cache key with the engine's source and quantized.py: bump it when what ``_run`` builds or
-# measures changes (this file's other edits, e.g. scheduling, keep the cache).
-RESULT_FORMAT = 1
+# Part of every cache key with the engine's source: bump it when what ``_run`` builds or measures changes
+# (this file's other edits, e.g. scheduling, keep the cache).
+RESULT_FORMAT = 2
 
 
 def _engine_fingerprint() -> str:
@@ -251,7 +325,7 @@ def _engine_fingerprint() -> str:
         from gpudoctor.check import versions
 
         digest = hashlib.sha256(f"format={RESULT_FORMAT}".encode())
-        for path in [*sorted(Path(simulate_pkg.__file__).parent.glob("*.py")), Path(__file__).with_name("quantized.py")]:
+        for path in sorted(Path(simulate_pkg.__file__).parent.glob("*.py")):
             digest.update(path.read_bytes())
         for lib in ("torch", "transformers", "peft", "accelerate"):
             digest.update(f"{lib}={versions.installed(lib)}".encode())
@@ -426,12 +500,13 @@ def _run(info, method, workload, checkpointing, card, layers, device_map) -> dic
         with no_init_weights():
             model = _model_class(config)._from_config(config, dtype=dtype)
         model.tie_weights()
+        cast_floating(model, dtype)
         if method.quant_bits:
-            from gpudoctor.plan.quantized import quantize_linears
-
-            quantize_linears(model, method.quant_bits, dtype)
+            quantize(model, method.quant_bits, dtype)
         if placement:
             hub.place(model, placement, None, dtype)
+        if method.quant_bits:
+            prepare_kbit(model)  # after loading, as the printed code does
         if checkpointing and method.autocast:
             # the engine aborts when non-reentrant recompute runs under its emulated autocast; reentrant
             # checkpointing keeps the same tensors (each layer's input) and runs there
@@ -444,7 +519,7 @@ def _run(info, method, workload, checkpointing, card, layers, device_map) -> dic
                         dtype=method.dtype, lora=workload.lora_kwargs() if method.lora else None,
                         device_map=placement or None,
                         gradient_checkpointing=checkpointing and not method.autocast,
-                        optimizer=workload.optimizer, autocast=method.autocast)
+                        optimizer=workload.optimizer, foreach=workload.foreach, autocast=method.autocast)
     trainable = sum(p.numel() * p.element_size() for p in _unique_params(built[0]) if p.requires_grad) if built else 0
     devices = []
     for row in out["devices"]:
@@ -471,8 +546,15 @@ def linear(v1: float, v2: float, n: float, k1: int = K1, k2: int = K2) -> float:
 
 
 def extrapolate(first: dict, second: dict, n: float, k1: int = K1, k2: int = K2) -> dict:
-    """One device's numbers at ``n`` layers from its numbers at ``k1`` and ``k2`` layers."""
+    """One device's numbers at ``n`` layers from its numbers at ``k1`` and ``k2`` layers.
+
+    Reserved memory is never below allocated plus the allocator's slack (the smaller of the two copies'
+    reserved - allocated): the two lines can cross when the copies' slack differs (a 20 MiB segment more
+    in one of them), and a reserved figure under the allocated one would be impossible."""
     out = {key: int(round(linear(first[key], second[key], n, k1, k2))) for key in ("peak_allocated", "peak_reserved")}
+    slack = max(min(first["peak_reserved"] - first["peak_allocated"], second["peak_reserved"] - second["peak_allocated"]), 0)
+    out["peak_allocated"] = max(out["peak_allocated"], 0)
+    out["peak_reserved"] = max(out["peak_reserved"], out["peak_allocated"] + slack)
     out["breakdown"] = {c: max(int(round(linear(first["breakdown"][c], second["breakdown"][c], n, k1, k2))), 0)
                         for c in CATEGORIES}
     return out

@@ -1,0 +1,32 @@
+"""``gpudoctor plan --published``: PEFT's published A100-80GB measurements reproduced through plan."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from gpudoctor.plan import published
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_points_are_the_simulator_benchmarks():
+    spec = importlib.util.spec_from_file_location("simulate_accuracy", ROOT / "benchmarks" / "simulate_accuracy.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert len(bench.POINTS) == len(published.POINTS)
+    for (model, method, gb, kwargs), point in zip(bench.POINTS, published.POINTS):
+        assert (model, gb, kwargs.get("target_len")) == (point.model, point.published_gb, point.target_len)
+        assert point.method.lora == ("lora" in kwargs) and point.method.dtype == "float32"
+        wl = point.workload
+        assert (wl.batch, wl.seq, wl.foreach) == (kwargs["batch"], kwargs["seq"], False)
+        if "lora" in kwargs:
+            assert (wl.lora_r, wl.lora_alpha, wl.lora_targets) == (kwargs["lora"]["r"], kwargs["lora"]["lora_alpha"], None)
+
+
+@pytest.mark.slow
+def test_smallest_published_point_through_plan():
+    (result,) = published.reproduce(published.POINTS[:1])  # T0_3B with LoRA: 14.4 "GB"
+    assert result["verdict_matches"] and result["fits"]
+    assert abs(result["gap_percent"]) < 10
+    assert "T0_3B" in published.render([result])
