@@ -23,6 +23,7 @@ from gpudoctor.check.facts.records import (
     LoopFrame,
     ReturnSite,
     Scope,
+    KeyDeletion,
     SubscriptAssignSite,
     WithFrame,
 )
@@ -65,6 +66,7 @@ class _Collector:
             cst.With: self.on_with,
             cst.If: self.on_if,
             cst.Assign: self.on_assign,
+            cst.Del: self.on_del,
             cst.AnnAssign: self.on_ann_assign,
             cst.AugAssign: self.on_aug_assign,
             cst.Call: self.on_call,
@@ -283,6 +285,17 @@ class _Collector:
             self.frames.append(IfFrame(node, node.test, "orelse"))
             self.walk(node.orelse)
             self.frames.pop()
+        return False
+
+    def on_del(self, node: cst.Del):
+        """``del kw["key"]``: recorded so a dict entry stored earlier is known to be gone."""
+        self.walk(node.target)
+        targets = [e.value for e in node.target.elements] if isinstance(node.target, (cst.Tuple, cst.List)) else [node.target]
+        for target in targets:
+            if isinstance(target, cst.Subscript) and len(target.slice) == 1 and isinstance(target.slice[0].slice, cst.Index):
+                self.facts.key_deletions.append(
+                    KeyDeletion(string_value(target.slice[0].slice.value), name_key(target.value), self.tick(), self.scope)
+                )
         return False
 
     def on_assign(self, node: cst.Assign):

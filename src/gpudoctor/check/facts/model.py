@@ -27,6 +27,7 @@ from gpudoctor.check.facts.records import (
     DictEntrySite,
     FunctionFrame,
     IfFrame,
+    KeyDeletion,
     LoopFrame,
     ReturnSite,
     Scope,
@@ -79,6 +80,7 @@ class FileFacts(ExpressionValues):
         self.calls: list[CallSite] = []
         self.aug_assigns: list[AugAssignSite] = []
         self.subscript_assigns: list[SubscriptAssignSite] = []
+        self.key_deletions: list[KeyDeletion] = []
         self.dict_entries: list[DictEntrySite] = []
         self.attribute_assigns: list[AttributeAssignSite] = []
         self.loops: list[LoopFrame] = []
@@ -400,6 +402,19 @@ class FileFacts(ExpressionValues):
             elif value.kind == "model" and site.method in apis.MODULE_MOVES | apis.MODULE_CASTS:
                 value = self._moved_or_cast(value, site)
         return value
+
+    def key_removed(self, base_key: str, key: str, after: int, before: int, scope: Scope) -> bool:
+        """Entry ``key`` of the dict bound to ``base_key`` is removed (``del d[key]``, ``d.pop(key)``) between
+        ``after`` and ``before``, in a function that sees the same binding as ``scope``."""
+        for deletion in self.key_deletions:
+            if deletion.base_key == base_key and deletion.key == key and after < deletion.order < before \
+                    and self._same_namespace(deletion.scope, scope, base_key):
+                return True
+        for site in self.calls:
+            if site.method == "pop" and name_key(site.receiver) == base_key and after < site.order < before \
+                    and string_value(site.arg(0)) == key and self._same_namespace(site.scope, scope, base_key):
+                return True
+        return False
 
     def _same_namespace(self, a: Scope, b: Scope, key: str) -> bool:
         if a is b:

@@ -104,6 +104,15 @@ class AugAssignSite:
 
 
 @dataclass(eq=False, repr=False)
+class KeyDeletion:
+    """``del base["key"]``."""
+    key: Optional[str]
+    base_key: Optional[str]
+    order: int
+    scope: Scope
+
+
+@dataclass(eq=False, repr=False)
 class SubscriptAssignSite:
     node: cst.Assign
     order: int

@@ -82,6 +82,11 @@ class LoadInKbitKwarg(Rule):
                 index = stored.target.slice[0].slice
                 if isinstance(index, cst.Index) and string_value(index.value) in _KWARGS:
                     found.append(stored)
+            # `del kw["load_in_8bit"]` / `kw.pop("load_in_8bit")` before the call: the entry never reaches it.
+            found = [
+                entry for entry in found
+                if not facts.key_removed(binding.key, _key_value(entry)[0], _entry_order(facts, entry, binding), site.order, site.scope)
+            ]
         return found
 
     def _removed_argument(self, facts: FileFacts, site, kbit: list, owner: str, fixable: bool = False, wrapper: bool = False):
@@ -193,6 +198,11 @@ def _key_value(node) -> tuple[str, cst.BaseExpression]:
     if isinstance(node, SubscriptAssignSite):
         return string_value(node.target.slice[0].slice.value), node.value
     return string_value(node.key), node.value
+
+
+def _entry_order(facts: FileFacts, entry, binding) -> int:
+    """When ``entry`` is put into the dict: a store's own order, else the dict's binding."""
+    return entry.order if isinstance(entry, SubscriptAssignSite) else binding.order
 
 
 def _node(entry) -> cst.CSTNode:
