@@ -31,7 +31,7 @@ class TensorToResultDiscarded(Rule):
                 continue
             why = self._tensor_evidence(facts, site.receiver, site.order, site.scope)
             if why is None:
-                why = self._loop_item_used_as_tensor(facts, site)
+                why = self._loop_item_used_as_tensor(facts, site) or self._made_by_tensor_method(facts, site)
             if why is None:
                 continue
             if facts.value(site.receiver, site.order, site.scope).kind == "model":
@@ -78,6 +78,19 @@ class TensorToResultDiscarded(Rule):
                 return f"a loop item passed to the loss `{snippet(facts, call.node.func, 30)}`"
             if kind == "model" and part and positions[0] == 0:
                 return f"a part of a loop item passed to the model `{snippet(facts, call.node.func, 30)}`"
+        return None
+
+    @staticmethod
+    def _made_by_tensor_method(facts: FileFacts, site) -> Optional[str]:
+        """``img = tfms(image).unsqueeze(0)``: a name bound to the result of a method only tensors have
+        (numpy arrays, modules and encodings have no ``unsqueeze``/``permute``)."""
+        receiver = site.receiver
+        if not isinstance(receiver, cst.Name):
+            return None
+        binding = facts.binding_at(receiver.value, site.order, site.scope)
+        value = binding.value if binding is not None and binding.kind == "assign" else None
+        if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in _TENSOR_ONLY_METHODS:
+            return f"made by `.{value.func.attr.value}()`, a method only tensors have"
         return None
 
     @staticmethod
@@ -132,6 +145,7 @@ class TensorToResultDiscarded(Rule):
         return "a tensor"
 
 
+_TENSOR_ONLY_METHODS = {"unsqueeze", "permute"}
 _MODEL_METHODS = {"eval", "train", "parameters", "named_parameters", "state_dict", "zero_grad"}
 
 
