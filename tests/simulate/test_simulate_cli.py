@@ -112,3 +112,13 @@ def test_seed003_trainer_fixed_twin_fits_with_fp16_amp(tmp_path):
     proc, report = _trace(tmp_path, script, "--simulate", "6x3070Ti", name="seed003_trainer_fixed.py")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert report["simulated"]["verdict"]["fits"] is True and report["simulated"]["optimizer_steps"] == 2
+
+
+def test_offloaded_device_map_stops_with_an_explanation_not_a_traceback(tmp_path):
+    script = ('from transformers import AutoModelForCausalLM\n'
+              'model = AutoModelForCausalLM.from_pretrained("gpt2", device_map="auto", max_memory={0: "200MB", "cpu": "8GB"})\n')
+    proc, report = _trace(tmp_path, script, "--simulate", "1x8GB")
+    traceback = proc.stderr.split("gpudoctor trace")[0]
+    assert "NotSimulable: the device map offloads 2 module(s) to cpu" in traceback
+    assert "gpudoctor/simulate" not in traceback and "During handling" not in traceback
+    assert report["simulated"]["verdict"]["line"] == 2

@@ -187,6 +187,19 @@ def place(model, device_map, max_memory, dtype, no_split=None) -> None:
             max_memory = get_balanced_memory(model, max_memory=max_memory, no_split_module_classes=no_split, dtype=dtype,
                                              low_zero=device_map == "balanced_low_0")
         device_map = infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=no_split, dtype=dtype)
+    offloaded = [k or "(the whole model)" for k, v in device_map.items() if str(v) in ("cpu", "disk")]
+    on_gpus = [k for k, v in device_map.items() if str(v) not in ("cpu", "disk", "meta")]
+    if offloaded and (on_gpus or any(str(v) == "disk" for v in device_map.values())):
+        where = sorted({str(v) for v in device_map.values() if str(v) in ("cpu", "disk")})
+        shown = ", ".join(offloaded[:4]) + (f" and {len(offloaded) - 4} more" if len(offloaded) > 4 else "")
+        raise NotSimulable(
+            f"the device map offloads {len(offloaded)} module(s) to {' and '.join(where)} ({shown}): the model does not fit "
+            f"the simulated GPUs' memory{' with the max_memory given' if max_memory else ''}. Offloaded weights stay on "
+            "the CPU and accelerate's hooks copy them to the GPU with real data at every forward, which gpudoctor "
+            "--simulate does not model, so it stops here. With offload a run is slow and fragile (trainable "
+            "weights on offloaded layers are a known failure: LoRA or an optimizer over them raises device errors, "
+            "gpudoctor check GD102). Simulate more or larger cards, a smaller dtype or 8/4-bit, or give max_memory so "
+            "every module stays on a GPU.")
     virtual = {k: (f"{devices.BACKEND}:{v}" if isinstance(v, int) else devices.translate(v)) for k, v in device_map.items()}
     resident = {k: v for k, v in virtual.items() if str(v).startswith(devices.BACKEND)}
     fake_place(model, resident)
