@@ -97,16 +97,6 @@ def test_seed003_fixed_twin_fits_on_six_8gb_cards(tmp_path):
     assert all(d["peak_allocated"] > 1 << 30 for d in sim["devices"])  # device_map="auto" spread the layers
 
 
-def test_seed000_chatglm_is_refused_with_a_clear_reason(tmp_path):
-    script = (SEEDS / "seed000_kaggle_chatglm_lora.py").read_text()
-    proc, report = _trace(tmp_path, script, "--simulate", "2xT4", name="seed000.py")
-    assert proc.returncode == 1
-    traceback = proc.stderr.split("gpudoctor trace")[0]
-    assert "NotSimulable: THUDM/chatglm-6b needs its remote code" in traceback
-    assert "gpudoctor/simulate" not in traceback and "During handling" not in traceback
-    assert report["simulated"]["verdict"]["line"] == 13
-
-
 def test_script_that_needs_values_stops_with_an_explanation(tmp_path):
     script = "import torch\nx = torch.randn(8, device='cuda')\nprint(torch.bincount(torch.randint(0, 5, (8,), device='cuda')))\n"
     proc, _ = _trace(tmp_path, script, "--simulate", "1x8GB")
@@ -122,3 +112,13 @@ def test_seed003_trainer_fixed_twin_fits_with_fp16_amp(tmp_path):
     proc, report = _trace(tmp_path, script, "--simulate", "6x3070Ti", name="seed003_trainer_fixed.py")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert report["simulated"]["verdict"]["fits"] is True and report["simulated"]["optimizer_steps"] == 2
+
+
+def test_offloaded_device_map_stops_with_an_explanation_not_a_traceback(tmp_path):
+    script = ('from transformers import AutoModelForCausalLM\n'
+              'model = AutoModelForCausalLM.from_pretrained("gpt2", device_map="auto", max_memory={0: "200MB", "cpu": "8GB"})\n')
+    proc, report = _trace(tmp_path, script, "--simulate", "1x8GB")
+    traceback = proc.stderr.split("gpudoctor trace")[0]
+    assert "NotSimulable: the device map offloads 2 module(s) to cpu" in traceback
+    assert "gpudoctor/simulate" not in traceback and "During handling" not in traceback
+    assert report["simulated"]["verdict"]["line"] == 2

@@ -15,8 +15,9 @@
 
 * ``quantization_config=BitsAndBytesConfig(load_in_4bit/8bit=True)``: :mod:`gpudoctor.simulate.quant`.
 
-Not supported: models that need ``trust_remote_code`` and are not cached (ChatGLM-6B's code is on the
-Hub only, so its architecture cannot be built offline; a clear error says so), other quantizers.
+Models whose code is on the Hub only (``trust_remote_code``): ChatGLM-6B is built by gpudoctor's rebuild of
+its architecture (:mod:`gpudoctor.simulate.chatglm`) with its published config; a cached snapshot runs
+its own remote code. Not supported: other quantizers.
 """
 
 from __future__ import annotations
@@ -82,23 +83,34 @@ def resolve_config(name, sim, trust_remote_code=False, **config_kwargs):
         return config, folder, f"{name}: config.json and safetensors headers from {folder} (no tensor data read)"
     bundled = bundled_config(str(name))
     if bundled is None:
-        if "chatglm" in str(name).lower():
-            raise NotSimulable(f"{name} needs its remote code (trust_remote_code) from the Hub, which is neither cached "
-                               "here nor bundled: gpudoctor cannot build ChatGLM's architecture offline, so it does not "
-                               "simulate it. Download the model once (huggingface-cli download) and rerun.")
         raise NotSimulable(f"{name} is not a local folder, not in the Hugging Face cache and not among the bundled "
                            f"configs ({', '.join(sorted(_bundled_names()))}). Download its config.json (or the model) once, "
                            "or pass a local folder.")
     data, source = bundled
-    data = dict(data)
+    data = local_code_config(data, sim)
     model_type = data.pop("model_type")
-    data.pop("architectures", None)
+    for key in ("architectures", "_name_or_path", "transformers_version"):
+        data.pop(key, None)
     dtype = data.pop("torch_dtype", None)
     config = CONFIG_MAPPING[model_type](**data, **config_kwargs)
     if dtype:
         config.dtype = getattr(torch, dtype)
     config._name_or_path = str(name)
     return config, None, f"{name}: bundled config ({source}); no download"
+
+
+def local_code_config(data: dict, sim) -> dict:
+    """A bundled config without ``auto_map`` (the Hub's remote code is not run): its ``model_type`` is built
+    by gpudoctor's rebuild (ChatGLM-6B: :mod:`gpudoctor.simulate.chatglm`), registered with the Auto classes
+    for the simulation (for good in a process without one, e.g. ``gpudoctor plan``)."""
+    data = {k: v for k, v in data.items() if k != "auto_map"}
+    if data.get("model_type") == "chatglm":
+        from gpudoctor.simulate import chatglm
+
+        chatglm.register(sim._stack if sim is not None else None)
+        if sim is not None and chatglm.SOURCE not in sim.notes:
+            sim.notes.append(chatglm.SOURCE)
+    return data
 
 
 def _bundled_names() -> list[str]:
@@ -175,12 +187,34 @@ def place(model, device_map, max_memory, dtype, no_split=None) -> None:
             max_memory = get_balanced_memory(model, max_memory=max_memory, no_split_module_classes=no_split, dtype=dtype,
                                              low_zero=device_map == "balanced_low_0")
         device_map = infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=no_split, dtype=dtype)
+    offloaded = [k or "(the whole model)" for k, v in device_map.items() if str(v) in ("cpu", "disk")]
+    on_gpus = [k for k, v in device_map.items() if str(v) not in ("cpu", "disk", "meta")]
+    if offloaded and (on_gpus or any(str(v) == "disk" for v in device_map.values())):
+        where = sorted({str(v) for v in device_map.values() if str(v) in ("cpu", "disk")})
+        shown = ", ".join(offloaded[:4]) + (f" and {len(offloaded) - 4} more" if len(offloaded) > 4 else "")
+        raise NotSimulable(
+            f"the device map offloads {len(offloaded)} module(s) to {' and '.join(where)} ({shown}): the model does not fit "
+            f"the simulated GPUs' memory{' with the max_memory given' if max_memory else ''}. Offloaded weights stay on "
+            "the CPU and accelerate's hooks copy them to the GPU with real data at every forward, which gpudoctor "
+            "--simulate does not model, so it stops here. With offload a run is slow and fragile (trainable "
+            "weights on offloaded layers are a known failure: LoRA or an optimizer over them raises device errors, "
+            "gpudoctor check GD102). Simulate more or larger cards, a smaller dtype or 8/4-bit, or give max_memory so "
+            "every module stays on a GPU.")
     virtual = {k: (f"{devices.BACKEND}:{v}" if isinstance(v, int) else devices.translate(v)) for k, v in device_map.items()}
     resident = {k: v for k, v in virtual.items() if str(v).startswith(devices.BACKEND)}
     fake_place(model, resident)
     if len(set(map(str, virtual.values()))) > 1:
+        import accelerate.big_modeling as big_modeling
+
         main = next(iter(resident.values()), "cpu")
-        dispatch_model(model, device_map=virtual, main_device=main, force_hooks=True)
+        # accelerate keys tied weights by data_ptr(), which is 0 for every fake tensor: with a tied group it would
+        # substitute the first tied weight for every parameter placed after it. fake_place kept them shared.
+        find_tied = big_modeling.find_tied_parameters
+        big_modeling.find_tied_parameters = lambda *a, **k: []
+        try:
+            dispatch_model(model, device_map=virtual, main_device=main, force_hooks=True)
+        finally:
+            big_modeling.find_tied_parameters = find_tied
     model.hf_device_map = dict(device_map)
 
 
@@ -254,6 +288,7 @@ def bundled_snapshot(repo_id: str, sim) -> str:
     if bundled_config(repo_id) is None:
         resolve_config(repo_id, sim)  # raises NotSimulable with the reason
     data, source = bundled_config(repo_id)
+    data = local_code_config(data, sim)
     folder = tempfile.mkdtemp(prefix="gpudoctor-simulated-snapshot-")
     with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as fh:
         json.dump(data, fh)

@@ -89,6 +89,13 @@ class AllocationTracker(TorchDispatchMode):
     # -- dispatch -----------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        constant = None
+        if func is aten._to_copy.default and args and getattr(args[0], "constant", None) is not None and \
+                torch.device(kwargs.get("device") or args[0].device).type == self.backend:
+            # fake mode computes ops on a constant (a tensor made from Python numbers) for real, and a real tensor
+            # cannot go to the virtual backend: copy it without its constant (devices.DeviceTranslation does the
+            # same for Tensor.to, but torch function modes are not active in backward, e.g. in a checkpoint's recompute)
+            constant, args[0].constant = args[0].constant, None
         try:
             out = func(*args, **kwargs)
         except torch._subclasses.fake_tensor.DataDependentOutputException:
@@ -97,6 +104,9 @@ class AllocationTracker(TorchDispatchMode):
             raise DataDependent(f"{func.overloadpacket.__name__} needs the tensor's values, which a simulated run does not have") from None
         except torch._subclasses.fake_tensor.DynamicOutputShapeException:
             out = self._shape_stand_in(func, args, kwargs)
+        finally:
+            if constant is not None:
+                args[0].constant = constant
         for tensor in _tensors_in(out):
             self.track(tensor)
         return out

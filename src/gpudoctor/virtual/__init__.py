@@ -246,13 +246,21 @@ def fake_place(module: nn.Module, placement: str | torch.device | Mapping[str, s
     objects are replaced, so build optimizers afterwards.
     """
     cap_mode = _active_cap_mode()
-    for path, sub in module.named_modules():
+    placed: dict[tuple[int, str], nn.Parameter] = {}  # shared (tied) parameters stay shared on one device
+    originals: list[nn.Parameter] = []
+    for path, sub in module.named_modules(remove_duplicate=False):
         device = _device_for(path, placement)
         if device is None:
             continue
         for name, param in list(sub._parameters.items()):
             if param is not None:
+                key = (id(param), str(device))
+                if key in placed:
+                    sub._parameters[name] = placed[key]
+                    continue
                 new = nn.Parameter(torch.empty_like(param, device=device), requires_grad=param.requires_grad)
+                placed[key] = placed[(id(new), str(device))] = new
+                originals.append(param)  # alive until the end, so no other object reuses its id
                 sub._parameters[name] = new
                 if cap_mode is not None:
                     cap_mode.track(new)
