@@ -39,7 +39,7 @@ class SimulationStopped(SystemExit):
         self.steps = steps
 
 
-_ARCH_CAPABILITY = {"pascal": (6, 0), "volta": (7, 0), "turing": (7, 5), "ampere": (8, 0), "ada": (8, 9),
+_ARCH_CAPABILITY = {"kepler": (3, 7), "pascal": (6, 0), "volta": (7, 0), "turing": (7, 5), "ampere": (8, 0), "ada": (8, 9),
                     "hopper": (9, 0), "generic": (8, 0)}
 
 
