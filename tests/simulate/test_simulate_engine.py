@@ -124,3 +124,17 @@ def test_bitsandbytes_4bit_storage_by_arithmetic():
         out = model(torch.randn(2, 4096, device="cuda", requires_grad=True))
         assert out.dtype == torch.float32  # computed in fp16, returned in the input's dtype
         out.sum().backward()
+
+
+def test_error_in_a_tensor_hook_during_backward_is_a_normal_exception():
+    # inside the autograd engine on the virtual backend it would abort the process (C++ terminate)
+    with Simulation("2x8GB"):
+        w = nn.Parameter(torch.empty(8, 8, device="cuda:1"))
+
+        def refuse(grad):
+            raise ValueError("hook says no")
+
+        w.register_hook(refuse)
+        with pytest.raises(ValueError, match="hook says no"):
+            (torch.ones(4, 8, device="cuda:1") @ w).sum().backward()
+        (torch.ones(4, 8, device="cuda:1") @ nn.Parameter(torch.empty(8, 8, device="cuda:1"))).sum().backward()  # still usable

@@ -217,6 +217,9 @@ class Simulation:
                 raise error
 
         self._set(torch.autograd, "backward", backward)
+        self._set(torch.Tensor, "register_hook", _held_in_backward(torch.Tensor.register_hook, self))
+        self._set(torch.Tensor, "register_post_accumulate_grad_hook",
+                  _held_in_backward(torch.Tensor.register_post_accumulate_grad_hook, self))
         self._set(nn.Module, "to", module_to)
         self._set(nn.Module, "cuda", module_cuda)
         autocast_cls = torch.amp.autocast_mode.autocast
@@ -274,6 +277,28 @@ class Simulation:
             "weights": list(self.weights_source),
             "notes": list(self.notes),
         }
+
+
+def _held_in_backward(register, sim):
+    """``Tensor.register_hook`` whose hook, if it raises inside backward, has its exception held and raised when
+    backward returns: an exception inside the autograd engine on the virtual backend aborts the process (C++
+    terminate, torch 2.13), a real GPU raises it as the normal Python exception at the ``backward()`` line."""
+
+    def register_held(tensor, hook):
+        def held(*args):
+            tracker = sim.tracker
+            try:
+                return hook(*args)
+            except BaseException as exc:
+                if tracker is None or not tracker.in_backward:
+                    raise
+                if tracker.pending_oom is None:
+                    tracker.pending_oom = exc
+                return None
+
+        return register(tensor, held)
+
+    return register_held
 
 
 def _cuda_autocast(enabled=True, dtype=torch.float16, cache_enabled=True):
