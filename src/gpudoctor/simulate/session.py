@@ -217,6 +217,7 @@ class Simulation:
                 raise error
 
         self._set(torch.autograd, "backward", backward)
+        self._set(nn.DataParallel, "forward", _data_parallel_forward)
         self._set(torch.Tensor, "register_hook", _held_in_backward(torch.Tensor.register_hook, self))
         self._set(torch.Tensor, "register_post_accumulate_grad_hook",
                   _held_in_backward(torch.Tensor.register_post_accumulate_grad_hook, self))
@@ -277,6 +278,32 @@ class Simulation:
             "weights": list(self.weights_source),
             "notes": list(self.notes),
         }
+
+
+def _data_parallel_forward(dp, *inputs, **kwargs):
+    """``nn.DataParallel.forward`` on simulated cards: its replicas are modelled by their memory.
+
+    A real forward broadcasts every parameter and buffer of the module to each other device in
+    ``device_ids`` (``replicate``); the copies live until backward has run. Here each copy is allocated on
+    its device and held until the next forward (so they also count during the optimizer step, where the
+    real ones are already freed). The forward itself runs the whole batch on the source device: its
+    activations on cuda:0 are an upper bound (a real run scatters the batch, 1/N per card, and gathers the
+    outputs on cuda:0)."""
+    ids = list(dp.device_ids or [])
+    if len(ids) <= 1:
+        return dp.module(*inputs, **kwargs)
+    source = devices.translate(f"cuda:{ids[0]}")
+    tensors = list(dp.module.parameters()) + list(dp.module.buffers())
+    for t in tensors:
+        if t.device != torch.device(source):
+            raise RuntimeError(f"module must have its parameters and buffers on device cuda:{ids[0]} "
+                               f"(device_ids[0]) but found one of them on device: {devices.to_user(str(t.device))}")
+    dp._gpudoctor_replicas = None  # the previous forward's copies are freed before the new broadcast
+    with torch.no_grad():
+        dp._gpudoctor_replicas = [torch.empty_like(t, device=devices.translate(f"cuda:{d}")) for d in ids[1:] for t in tensors]
+    inputs = tuple(devices.translate(a) if not isinstance(a, torch.Tensor) else a.to(source) for a in inputs)
+    kwargs = {k: (v.to(source) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+    return dp.module(*inputs, **kwargs)
 
 
 def _held_in_backward(register, sim):
