@@ -21,46 +21,55 @@ class HardwareError(ValueError):
     """A GPU specification that cannot be read; the message lists close matches."""
 
 
+MIB = 1024**2
+OOM_SOURCE = "measured: 'total capacity' in real CUDA OOM messages"
+TYPICAL_SOURCE = "typical total CUDA reports for the card (no OOM message found)"
+
+
 @dataclass(frozen=True)
 class Card:
     name: str  # as people write it: "T4", "A100-80GB", "3070 Ti"
     nominal_gb: int  # the marketed size ("16 GB")
     usable_gib: float  # what CUDA reports as total memory (torch.cuda.mem_get_info / OOM "total capacity")
     aliases: tuple[str, ...] = ()
+    arch: str = "ampere"  # turing, ampere, ada, hopper, ...: compute capability and bf16 in simulations
+    bf16: bool = True
+    source: str = TYPICAL_SOURCE  # where usable_gib comes from
 
     @property
     def usable_bytes(self) -> int:
-        return int(self.usable_gib * GIB)
+        return int(round(self.usable_gib * GIB / MIB)) * MIB
 
 
-# Usable memory: nvidia-smi's total minus what the driver reserves, as CUDA reports it (Kaggle's T4
-# shows "15.0 GiB", an RTX 3070 Ti ~7.8 GiB). The first card of a family is its smallest variant: a
-# bare "V100" or "A100" in a file is read as that one.
+# The one card table of gpudoctor (check's --gpus / GD112 / GD506, trace --simulate, plan). Totals are
+# what CUDA reports (torch's OOM message "GPU 0 has a total capacity of X GiB"): measured from real OOM
+# messages where one was found (the source says so), else the usual figure for the card. The first card
+# of a family is its smallest variant: a bare "V100" or "A100" is read as that one (A100 = 40 GB).
 CARDS: tuple[Card, ...] = (
-    Card("T4", 16, 15.0, ("tesla t4",)),
-    Card("P100", 16, 15.9, ("p100-16gb",)),
-    Card("K80", 12, 11.2),
-    Card("V100", 16, 15.8, ("v100-16gb",)),
-    Card("V100-32GB", 32, 31.7),
-    Card("A10G", 24, 22.0),
-    Card("A10", 24, 22.0),
-    Card("L4", 24, 22.0),
-    Card("A100", 40, 39.4, ("a100-40gb",)),
-    Card("A100-80GB", 80, 79.2),
-    Card("H100", 80, 79.1, ("h100-80gb",)),
-    Card("H200", 141, 139.8, ("h200-141gb",)),
-    Card("1080", 8, 7.9, ("1080ti",)),
-    Card("2080", 8, 7.8, ("2080ti",)),
-    Card("3060", 12, 11.8, ("3060-12gb",)),
+    Card("T4", 16, 14.74, ("tesla t4",), "turing", False, OOM_SOURCE + " (Kaggle/Colab: 'total capacity of 14.74 GiB')"),
+    Card("P100", 16, 15.89, ("p100-16gb",), "pascal", False),
+    Card("K80", 12, 11.2, (), "kepler", False),
+    Card("V100", 16, 15.77, ("v100-16gb", "v100-16g"), "volta", False),
+    Card("V100-32GB", 32, 31.74, ("v100-32g",), "volta", False),
+    Card("A10G", 24, 21.99),
+    Card("A10", 24, 21.99),
+    Card("L4", 24, 22.03, (), "ada"),
+    Card("A100", 40, 39.39, ("a100-40gb", "a100-40g")),
+    Card("A100-80GB", 80, 79.15, ("a100-80g",), source=OOM_SOURCE + " ('total capacity of 79.15 GiB')"),
+    Card("H100", 80, 79.11, ("h100-80gb",), "hopper"),
+    Card("H200", 141, 139.81, ("h200-141gb",), "hopper"),
+    Card("1080", 8, 7.9, ("1080ti",), "pascal", False),
+    Card("2080", 8, 7.8, ("2080ti",), "turing", False),
+    Card("3060", 12, 11.76, ("3060-12gb",)),
     Card("3070", 8, 7.8),
-    Card("3070 Ti", 8, 7.8, ("3070ti",)),
-    Card("3080", 10, 9.8, ("3080-10gb",)),
+    Card("3070 Ti", 8, 7.58, ("3070ti",), source=OOM_SOURCE + " (field report 003: 'total capacty of 7.58 GiB')"),
+    Card("3080", 10, 9.77, ("3080-10gb",)),
     Card("3080-12GB", 12, 11.8),
-    Card("3090", 24, 23.7, ("3090ti",)),
-    Card("4060", 8, 7.8),
-    Card("4070", 12, 11.8),
-    Card("4080", 16, 15.7),
-    Card("4090", 24, 23.6),
+    Card("3090", 24, 23.69, ("3090ti",)),
+    Card("4060", 8, 7.8, (), "ada"),
+    Card("4070", 12, 11.8, (), "ada"),
+    Card("4080", 16, 15.7, (), "ada"),
+    Card("4090", 24, 23.65, (), "ada", source=OOM_SOURCE),
 )
 
 # The largest card most people fine-tune on (RTX 3090/4090, A10G, L4): above this, a run needs a
@@ -146,20 +155,39 @@ def parse_gpus(spec: str, source: str = "") -> Gpus:
 
     Raises :class:`HardwareError` naming the close matches when the card is unknown.
     """
+    count, found, label = parse_part(spec)
+    return Gpus(count, found.usable_bytes if label is None else int(round(found.usable_gib * GIB)), label or found.name, source)
+
+
+def parse_cards(spec: str) -> list[Card]:
+    """``"2xT4"`` -> [T4, T4]; mixed machines with ``+``: ``"1xT4+1x3090"``; sizes: ``"2x16GB"``."""
+    cards: list[Card] = []
+    for part in (spec or "").split("+"):
+        count, found, _ = parse_part(part, spec)
+        cards.extend([found] * count)
+    return cards
+
+
+def parse_part(spec: str, whole: str | None = None) -> tuple[int, Card, Optional[str]]:
+    """One ``N x NAME`` or ``N x SIZE``: (count, card, size label or None). A size is a generic card."""
+    whole = spec if whole is None else whole
     match = _SPEC.match(spec or "")
     if not match or not match.group("what"):
-        raise HardwareError(f"empty GPU specification {spec!r}: expected e.g. 2xT4, 6x8GB, 1xA100-80GB or 24GB")
+        raise HardwareError(f"empty GPU specification {whole!r}: expected e.g. 2xT4, 6x8GB, 1xA100-80GB or 24GB")
     count = int(match.group("count") or 1)
     if not 1 <= count <= 1024:
-        raise HardwareError(f"GPU count {count} in {spec!r} is out of range (1-1024)")
+        raise HardwareError(f"GPU count {count} in {whole!r} is out of range (1-1024)")
     what = match.group("what")
     size = _SIZE.match(what)
     if size:
         amount = float(size.group("amount"))
         if amount <= 0:
-            raise HardwareError(f"GPU memory in {spec!r} must be positive")
+            raise HardwareError(f"GPU memory in {whole!r} must be positive")
         per_gpu = amount * (GIB if size.group("unit").lower() == "gib" else GB)
-        return Gpus(count, int(per_gpu), f"{amount:g} {size.group('unit').upper().replace('GIB', 'GiB')}", source)
+        label = f"{amount:g} {size.group('unit').upper().replace('GIB', 'GiB')}"
+        generic = Card(label.replace(" ", ""), int(round(per_gpu / GB)), per_gpu / GIB, (), "generic", True,
+                       "a size given in the spec (no card named)")
+        return count, generic, label
     found = card(what)
     if found is None:
         names = [c.name for c in CARDS]
@@ -168,10 +196,10 @@ def parse_gpus(spec: str, source: str = "") -> Gpus:
         )
         hint = f"close matches: {', '.join(close)}; " if close else ""
         raise HardwareError(
-            f"unknown GPU {what!r} in {spec!r} ({hint}known: {', '.join(names)}); "
-            "or give the memory per GPU, e.g. 2x16GB"
+            f"unknown GPU {what!r} in {whole!r} ({hint}known: {', '.join(names)}); "
+            "or give the memory per GPU, e.g. 2x16GB (gpudoctor trace --list-gpus)"
         )
-    return Gpus(count, found.usable_bytes, found.name, source)
+    return count, found, None
 
 
 @lru_cache(maxsize=1)

@@ -31,11 +31,11 @@ def no_assumed_hardware(monkeypatch):
 @pytest.mark.parametrize(
     "spec, count, label, gib",
     [
-        ("2xT4", 2, "T4", 15.0),
-        ("6x3070Ti", 6, "3070 Ti", 7.8),
+        ("2xT4", 2, "T4", 14.74),
+        ("6x3070Ti", 6, "3070 Ti", 7.58),
         ("1xA100-80GB", 1, "A100-80GB", 79.2),
-        ("4090", 1, "4090", 23.6),
-        ("2 x Tesla T4", 2, "T4", 15.0),
+        ("4090", 1, "4090", 23.65),
+        ("2 x Tesla T4", 2, "T4", 14.74),
         ("V100 32GB", 1, "V100-32GB", 31.7),
         ("A100 40GB", 1, "A100", 39.4),
     ],
@@ -137,7 +137,7 @@ def test_unknown_hardware_passes_what_an_80gb_card_holds(tmp_path):
 def test_declared_hardware_wins(monkeypatch):
     hardware.set_assumed(hardware.parse_gpus("2xT4", "--gpus 2xT4"))
     (finding,) = _gd506(UNKNOWN)
-    assert "2 x T4 (15.0 GiB usable), from --gpus 2xT4" in finding.message
+    assert "2 x T4 (14.7 GiB usable), from --gpus 2xT4" in finding.message
     # a 1.3B model (~10 GB) does not fit a 8 GB card
     hardware.set_assumed(hardware.parse_gpus("1x8GB", "--gpus 1x8GB"))
     (finding,) = _gd506(FITS)

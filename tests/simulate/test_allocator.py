@@ -67,5 +67,5 @@ def test_specs():
     assert parse_spec("4090")[0].name == "4090"
     assert parse_spec("2x16GB")[0].total == parse_spec("16GB")[0].total
     assert [c.name for c in parse_spec("1xT4+1x3090")] == ["T4", "3090"]
-    with pytest.raises(UnknownCard, match="Did you mean.*T4"):
+    with pytest.raises(UnknownCard, match="close matches: T4"):
         lookup("T5")

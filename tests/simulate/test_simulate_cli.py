@@ -42,10 +42,10 @@ def _trace(tmp_path, script: str, *options: str, name: str = "train.py") -> tupl
 def test_list_gpus_and_unknown_card(capsys, tmp_path):
     assert main(["--list-gpus"]) == 0
     out = capsys.readouterr().out
-    assert "T4" in out and "3070Ti" in out and "A100-80GB" in out
+    assert "T4" in out and "3070 Ti" in out and "A100-80GB" in out and "14.74 GiB" in out
     (tmp_path / "x.py").write_text("pass\n")
     assert main(["--simulate", "2xT5", str(tmp_path / "x.py")]) == 2
-    assert "Did you mean" in capsys.readouterr().err
+    assert "close matches: T4" in capsys.readouterr().err
 
 
 def test_tiny_script_fits_then_stops_after_two_steps(tmp_path):
@@ -122,3 +122,15 @@ def test_offloaded_device_map_stops_with_an_explanation_not_a_traceback(tmp_path
     assert "NotSimulable: the device map offloads 2 module(s) to cpu" in traceback
     assert "gpudoctor/simulate" not in traceback and "During handling" not in traceback
     assert report["simulated"]["verdict"]["line"] == 2
+
+
+def test_script_prints_show_cuda_device_names(tmp_path):
+    script = ('import torch, torch.nn as nn\n'
+              'm = nn.Linear(4, 4).cuda()\n'
+              'x = torch.zeros(2, 4, device="cuda:0")\n'
+              'print(x.device, m.weight.device)\n'
+              'print(f"on {x.device}", repr(x.device))\n'
+              'print("my gpu")\n')
+    proc, _ = _trace(tmp_path, script, "--simulate", "1x8GB")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "cuda:0 cuda:0\non cuda:0 device(type='cuda', index=0)\nmy gpu\n" in proc.stdout

@@ -124,3 +124,30 @@ def test_bitsandbytes_4bit_storage_by_arithmetic():
         out = model(torch.randn(2, 4096, device="cuda", requires_grad=True))
         assert out.dtype == torch.float32  # computed in fp16, returned in the input's dtype
         out.sum().backward()
+
+
+def test_error_in_a_tensor_hook_during_backward_is_a_normal_exception():
+    # inside the autograd engine on the virtual backend it would abort the process (C++ terminate)
+    with Simulation("2x8GB"):
+        w = nn.Parameter(torch.empty(8, 8, device="cuda:1"))
+
+        def refuse(grad):
+            raise ValueError("hook says no")
+
+        w.register_hook(refuse)
+        with pytest.raises(ValueError, match="hook says no"):
+            (torch.ones(4, 8, device="cuda:1") @ w).sum().backward()
+        (torch.ones(4, 8, device="cuda:1") @ nn.Parameter(torch.empty(8, 8, device="cuda:1"))).sum().backward()  # still usable
+
+
+def test_data_parallel_replicates_the_weights_on_every_card():
+    n = 1024 * 1024 * 4  # one fp32 1024x1024 weight
+    with Simulation("3x8GB"):
+        dp = nn.DataParallel(nn.Linear(1024, 1024, bias=False).cuda())
+        out = dp(torch.randn(16, 1024).cuda())
+        assert out.shape == (16, 1024) and out.device.index == 0
+        assert torch.cuda.memory_allocated(1) == torch.cuda.memory_allocated(2) == n  # a replica each
+        assert torch.cuda.memory_allocated(0) >= n + 16 * 1024 * 4
+        out.sum().backward()
+        dp(torch.randn(16, 1024).cuda())  # the next forward's replicas replace the previous ones
+        assert torch.cuda.memory_allocated(1) == n

@@ -36,6 +36,10 @@ def start() -> None:
     sim.__enter__()
     hub.install(sim)
     _state["sim"] = sim
+    from gpudoctor.simulate.devices import UserStream
+
+    # the script's prints show cuda:N (the virtual devices are PrivateUse1 "gpu" inside)
+    sys.stdout, sys.stderr = UserStream(sys.stdout), UserStream(sys.stderr)
     previous_hook = sys.excepthook
 
     def excepthook(exc_type, exc, tb):

@@ -87,6 +87,39 @@ def to_user(text: str) -> str:
     return _GPU_TEXT_RE.sub(lambda m: "cuda" + (m.group(1) or ""), text)
 
 
+_PRINTED_DEVICE_RE = re.compile(r"\bgpu:(\d+)\b")
+
+
+def printed_to_user(text: str) -> str:
+    """What the script prints: ``gpu:1`` (a device, its index given) and ``device(type='gpu'`` -> cuda; a bare
+    word "gpu" in the script's own text is left alone."""
+    if "gpu" not in text:
+        return text
+    return _PRINTED_DEVICE_RE.sub(r"cuda:\1", _DEVICE_REPR_RE.sub("device(type='cuda'", text))
+
+
+class UserStream:
+    """``sys.stdout``/``sys.stderr`` of a simulated run: ``print(tensor.device)``, ``print(model.device)``,
+    f-strings and tensor reprs show ``cuda:N`` as on the real cards."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        if isinstance(text, str):
+            self._stream.write(printed_to_user(text))
+        else:
+            self._stream.write(text)
+        return len(text)
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def _map_args(args):
     return tuple(translate(a) for a in args)
 

@@ -39,7 +39,7 @@ class SimulationStopped(SystemExit):
         self.steps = steps
 
 
-_ARCH_CAPABILITY = {"pascal": (6, 0), "volta": (7, 0), "turing": (7, 5), "ampere": (8, 0), "ada": (8, 9),
+_ARCH_CAPABILITY = {"kepler": (3, 7), "pascal": (6, 0), "volta": (7, 0), "turing": (7, 5), "ampere": (8, 0), "ada": (8, 9),
                     "hopper": (9, 0), "generic": (8, 0)}
 
 
@@ -217,6 +217,10 @@ class Simulation:
                 raise error
 
         self._set(torch.autograd, "backward", backward)
+        self._set(nn.DataParallel, "forward", _data_parallel_forward)
+        self._set(torch.Tensor, "register_hook", _held_in_backward(torch.Tensor.register_hook, self))
+        self._set(torch.Tensor, "register_post_accumulate_grad_hook",
+                  _held_in_backward(torch.Tensor.register_post_accumulate_grad_hook, self))
         self._set(nn.Module, "to", module_to)
         self._set(nn.Module, "cuda", module_cuda)
         autocast_cls = torch.amp.autocast_mode.autocast
@@ -274,6 +278,54 @@ class Simulation:
             "weights": list(self.weights_source),
             "notes": list(self.notes),
         }
+
+
+def _data_parallel_forward(dp, *inputs, **kwargs):
+    """``nn.DataParallel.forward`` on simulated cards: its replicas are modelled by their memory.
+
+    A real forward broadcasts every parameter and buffer of the module to each other device in
+    ``device_ids`` (``replicate``); the copies live until backward has run. Here each copy is allocated on
+    its device and held until the next forward (so they also count during the optimizer step, where the
+    real ones are already freed). The forward itself runs the whole batch on the source device: its
+    activations on cuda:0 are an upper bound (a real run scatters the batch, 1/N per card, and gathers the
+    outputs on cuda:0)."""
+    ids = list(dp.device_ids or [])
+    if len(ids) <= 1:
+        return dp.module(*inputs, **kwargs)
+    source = devices.translate(f"cuda:{ids[0]}")
+    tensors = list(dp.module.parameters()) + list(dp.module.buffers())
+    for t in tensors:
+        if t.device != torch.device(source):
+            raise RuntimeError(f"module must have its parameters and buffers on device cuda:{ids[0]} "
+                               f"(device_ids[0]) but found one of them on device: {devices.to_user(str(t.device))}")
+    dp._gpudoctor_replicas = None  # the previous forward's copies are freed before the new broadcast
+    with torch.no_grad():
+        dp._gpudoctor_replicas = [torch.empty_like(t, device=devices.translate(f"cuda:{d}")) for d in ids[1:] for t in tensors]
+    inputs = tuple(devices.translate(a) if not isinstance(a, torch.Tensor) else a.to(source) for a in inputs)
+    kwargs = {k: (v.to(source) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+    return dp.module(*inputs, **kwargs)
+
+
+def _held_in_backward(register, sim):
+    """``Tensor.register_hook`` whose hook, if it raises inside backward, has its exception held and raised when
+    backward returns: an exception inside the autograd engine on the virtual backend aborts the process (C++
+    terminate, torch 2.13), a real GPU raises it as the normal Python exception at the ``backward()`` line."""
+
+    def register_held(tensor, hook):
+        def held(*args):
+            tracker = sim.tracker
+            try:
+                return hook(*args)
+            except BaseException as exc:
+                if tracker is None or not tracker.in_backward:
+                    raise
+                if tracker.pending_oom is None:
+                    tracker.pending_oom = exc
+                return None
+
+        return register(tensor, held)
+
+    return register_held
 
 
 def _cuda_autocast(enabled=True, dtype=torch.float16, cache_enabled=True):
