@@ -250,6 +250,8 @@ _STRINGS_AND_COMMENTS = re.compile(
 
 def _blank(match: re.Match) -> str:
     text = match.group()
+    if "\r" not in text:
+        return "s" + "\n" * text.count("\n") if "\n" in text else "s"
     return "s" + "".join(c for c in text if c in "\r\n")  # keep the line count
 
 
@@ -380,7 +382,18 @@ def check_source(
     from gpudoctor.check.positions import positions as node_positions
 
     rule_classes = list(rules) if rules is not None else select_rules()
-    active = [r for r in rule_classes if not r.triggers or any(t in source for t in r.triggers)]
+    present: dict[str, bool] = {}  # rules share triggers: look each one up once
+
+    def triggered(rule_class) -> bool:
+        for trigger in rule_class.triggers:
+            found = present.get(trigger)
+            if found is None:
+                found = present[trigger] = trigger in source
+            if found:
+                return True
+        return False
+
+    active = [r for r in rule_classes if not r.triggers or triggered(r)]
     if module is None:
         guard_source(source, path)
         module = cst.parse_module(source)  # even with no active rule: a syntax error is worth reporting

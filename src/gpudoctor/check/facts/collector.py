@@ -44,6 +44,15 @@ def _child_fields(node_type: type) -> tuple[str, ...]:
     return names
 
 
+# type -> 1 (a CSTNode), 2 (a tuple or list), 0 (anything else)
+_KIND: dict[type, int] = {}
+
+
+def _kind(value_type: type) -> int:
+    kind = _KIND[value_type] = 1 if issubclass(value_type, cst.CSTNode) else 2 if issubclass(value_type, (tuple, list)) else 0
+    return kind
+
+
 class _Collector:
     """Walks the module once and fills a :class:`FileFacts`."""
 
@@ -93,14 +102,28 @@ class _Collector:
         self.walk_children(node)
 
     def walk_children(self, node: cst.CSTNode) -> None:
-        for name in _child_fields(type(node)):
+        # The hottest loop of the collector: ``walk`` inlined, and a node / sequence / other test by
+        # type (a dict lookup) instead of isinstance against the CSTNode ABC.
+        enter, kinds = self.enter, _KIND
+        names = _FIELDS.get(type(node)) or _child_fields(type(node))
+        for name in names:
             child = getattr(node, name)
-            if isinstance(child, cst.CSTNode):
-                self.walk(child)
-            elif isinstance(child, (tuple, list)):
+            kind = kinds.get(type(child))
+            if kind is None:
+                kind = _kind(type(child))
+            if kind == 1:
+                handler = enter.get(type(child))
+                if handler is None or handler(child) is not False:
+                    self.walk_children(child)
+            elif kind == 2:
                 for item in child:
-                    if isinstance(item, cst.CSTNode):
-                        self.walk(item)
+                    kind = kinds.get(type(item))
+                    if kind is None:
+                        kind = _kind(type(item))
+                    if kind == 1:
+                        handler = enter.get(type(item))
+                        if handler is None or handler(item) is not False:
+                            self.walk_children(item)
 
     def tick(self) -> int:
         self.order += 1
@@ -123,7 +146,7 @@ class _Collector:
         if isinstance(target, (cst.Tuple, cst.List)):
             for i, element in enumerate(target.elements):
                 inner = element.value
-                if isinstance(inner, cst.StarredElement):
+                if type(inner) is cst.StarredElement:
                     continue
                 self.bind_target(inner, value, "unpack" if kind == "assign" else kind, i, (*path, i))
             return
@@ -139,14 +162,14 @@ class _Collector:
         return False
 
     def on_expr(self, node: cst.Expr):
-        if isinstance(node.value, cst.Call):
+        if type(node.value) is cst.Call:
             self._statement_call = node.value
         return None
 
     def on_comprehension(self, node):
         # In execution order: the iteration binds the targets before the element is computed.
         self.walk(node.for_in)
-        if isinstance(node, cst.DictComp):
+        if type(node) is cst.DictComp:
             self.walk(node.key)
             self.walk(node.value)
         else:
@@ -173,7 +196,7 @@ class _Collector:
     def on_yield(self, node: cst.Yield):
         value = node.value
         kind = "yield"
-        if isinstance(value, cst.From):
+        if type(value) is cst.From:
             value, kind = value.item, "yield from"
         if value is not None:
             self.walk(value)
@@ -183,7 +206,7 @@ class _Collector:
     def on_import(self, node: cst.Import):
         for alias in node.names:
             full = dotted(alias.name) or ""
-            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+            if alias.asname is not None and type(alias.asname.name) is cst.Name:
                 self.facts.imports[alias.asname.name.value] = full
             else:
                 head = full.split(".")[0]
@@ -191,15 +214,15 @@ class _Collector:
         return False
 
     def on_import_from(self, node: cst.ImportFrom):
-        if isinstance(node.names, cst.ImportStar):
+        if type(node.names) is cst.ImportStar:
             module = "" if node.relative or node.module is None else dotted(node.module) or ""
             self.facts.star_imports.append(module)
-        if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+        if node.relative or node.module is None or type(node.names) is cst.ImportStar:
             return False
         module = dotted(node.module) or ""
         for alias in node.names:
             name = dotted(alias.name) or ""
-            local = alias.asname.name.value if alias.asname is not None and isinstance(alias.asname.name, cst.Name) else name
+            local = alias.asname.name.value if alias.asname is not None and type(alias.asname.name) is cst.Name else name
             self.facts.imports[local] = f"{module}.{name}"
         return False
 
@@ -209,7 +232,7 @@ class _Collector:
         decorators = tuple(
             q
             for q in (
-                self.facts.qualname(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator)
+                self.facts.qualname(d.decorator.func if type(d.decorator) is cst.Call else d.decorator)
                 for d in node.decorators
             )
             if q
@@ -264,10 +287,10 @@ class _Collector:
         for item in node.items:
             self.walk(item.item)
             expr = item.item
-            call = expr if isinstance(expr, cst.Call) else None
+            call = expr if type(expr) is cst.Call else None
             func = call.func if call is not None else expr
-            receiver = func.value if isinstance(func, cst.Attribute) else None
-            method = func.attr.value if isinstance(func, cst.Attribute) else None
+            receiver = func.value if type(func) is cst.Attribute else None
+            method = func.attr.value if type(func) is cst.Attribute else None
             self.frames.append(WithFrame(node, item, self.facts.qualname(func), receiver, method))
             pushed += 1
             if item.asname is not None:
@@ -292,7 +315,7 @@ class _Collector:
         self.walk(node.target)
         targets = [e.value for e in node.target.elements] if isinstance(node.target, (cst.Tuple, cst.List)) else [node.target]
         for target in targets:
-            if isinstance(target, cst.Subscript) and len(target.slice) == 1 and isinstance(target.slice[0].slice, cst.Index):
+            if type(target) is cst.Subscript and len(target.slice) == 1 and type(target.slice[0].slice) is cst.Index:
                 self.facts.key_deletions.append(
                     KeyDeletion(string_value(target.slice[0].slice.value), name_key(target.value), self.tick(), self.scope)
                 )
@@ -302,13 +325,13 @@ class _Collector:
         self.walk(node.value)
         for target in node.targets:
             t = target.target
-            if isinstance(t, cst.Subscript):
+            if type(t) is cst.Subscript:
                 self.walk(t)
                 self.facts.subscript_assigns.append(
                     SubscriptAssignSite(node, self.tick(), name_key(t.value), t, node.value, self.scope, tuple(self.frames))
                 )
                 continue
-            if isinstance(t, cst.Attribute) and name_key(t) is None:
+            if type(t) is cst.Attribute and name_key(t) is None:
                 self.facts.attribute_assigns.append(
                     AttributeAssignSite(node, self.order + 1, t, node.value, self.scope, tuple(self.frames))
                 )
@@ -333,8 +356,8 @@ class _Collector:
 
     def on_call(self, node: cst.Call):
         func = node.func
-        method = func.attr.value if isinstance(func, cst.Attribute) else None
-        receiver = func.value if isinstance(func, cst.Attribute) else None
+        method = func.attr.value if type(func) is cst.Attribute else None
+        receiver = func.value if type(func) is cst.Attribute else None
         statement = getattr(self, "_statement_call", None) is node
         # Walk the receiver first so nested calls get lower orders (they run first).
         self.walk(func)
@@ -378,7 +401,7 @@ class _Collector:
 
     def on_dict(self, node: cst.Dict):
         for element in node.elements:
-            if isinstance(element, cst.DictElement):
+            if type(element) is cst.DictElement:
                 key = string_value(element.key)
                 self.walk(element.value)
                 if key is not None:
@@ -395,7 +418,7 @@ class _Collector:
 def _params(params: cst.Parameters) -> Iterable[cst.Param]:
     yield from params.posonly_params
     yield from params.params
-    if isinstance(params.star_arg, cst.Param):
+    if type(params.star_arg) is cst.Param:
         yield params.star_arg
     yield from params.kwonly_params
     if params.star_kwarg is not None:

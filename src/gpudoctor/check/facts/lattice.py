@@ -126,11 +126,13 @@ class ExpressionValues:
         cache = self.__dict__.setdefault("_call_sites_of", {})
         found = cache.get(id(scope))
         if found is None:
-            names = {scope.class_name if scope.name == "__init__" and scope.class_name else scope.name}
-            found = [
-                site for site in self.calls
-                if (dotted(site.node.func) or "").split(".")[-1] in names and scope in self.callee_scopes(site)
-            ]
+            by_name = self.__dict__.get("_calls_by_last_name")
+            if by_name is None:  # once per file: calls by the last part of their dotted name, in order
+                by_name = self.__dict__["_calls_by_last_name"] = {}
+                for site in self.calls:
+                    by_name.setdefault((dotted(site.node.func) or "").split(".")[-1], []).append(site)
+            name = scope.class_name if scope.name == "__init__" and scope.class_name else scope.name
+            found = [site for site in by_name.get(name, ()) if scope in self.callee_scopes(site)]
             cache[id(scope)] = found
         return found
 

@@ -114,17 +114,17 @@ class FileFacts(ExpressionValues):
     def qualname(self, node: Optional[cst.CSTNode]) -> Optional[str]:
         if node is None:
             return None
-        if isinstance(node, cst.Name):
+        if type(node) is cst.Name:
             q = self.imports.get(node.value)
             if q is None and node.value not in self._bound_names:
                 known = apis.WELL_KNOWN_NAMES.get(node.value) or self._well_known_class(node.value)
                 if known:
                     q = self.assumed_imports[node.value] = known
             return apis.canonical(q) if q else None
-        if isinstance(node, cst.Attribute):
+        if type(node) is cst.Attribute:
             head = self.qualname(node.value)
             return apis.canonical(f"{head}.{node.attr.value}") if head else None
-        if isinstance(node, cst.Call):  # ``torch.no_grad()`` used as a context manager
+        if type(node) is cst.Call:  # ``torch.no_grad()`` used as a context manager
             return None
         return None
 
@@ -174,8 +174,17 @@ class FileFacts(ExpressionValues):
         return out
 
     def method_calls(self, *methods: str) -> Iterator[CallSite]:
-        wanted = set(methods)
-        return (c for c in self.calls if c.method in wanted)
+        by_method = self.__dict__.get("_calls_by_method")
+        if by_method is None:  # once per file (calls are in flow order, each list stays so)
+            by_method = self.__dict__["_calls_by_method"] = {}
+            for site in self.calls:
+                if site.method is not None:
+                    by_method.setdefault(site.method, []).append(site)
+        if len(methods) == 1:
+            return iter(by_method.get(methods[0], ()))
+        found = [site for method in set(methods) for site in by_method.get(method, ())]
+        found.sort(key=lambda c: c.order)
+        return iter(found)
 
     def call_site(self, node: cst.Call) -> Optional[CallSite]:
         return self._call_by_node.get(id(node))

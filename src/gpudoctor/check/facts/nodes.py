@@ -27,13 +27,13 @@ def call_arg(call: cst.Call, position: Optional[int] = None, keyword: Optional[s
 
 
 def string_value(node: Optional[cst.CSTNode]) -> Optional[str]:
-    if isinstance(node, cst.SimpleString):
+    if type(node) is cst.SimpleString:
         try:
             value = node.evaluated_value
         except Exception:  # noqa: BLE001 - odd prefixes
             return None
         return value if isinstance(value, str) else None
-    if isinstance(node, cst.ConcatenatedString):
+    if type(node) is cst.ConcatenatedString:
         try:
             value = node.evaluated_value
         except Exception:  # noqa: BLE001
@@ -43,7 +43,7 @@ def string_value(node: Optional[cst.CSTNode]) -> Optional[str]:
 
 
 def int_value(node: Optional[cst.CSTNode]) -> Optional[int]:
-    if isinstance(node, cst.Integer):
+    if type(node) is cst.Integer:
         try:
             return int(node.value.replace("_", ""), 0)
         except ValueError:
@@ -52,22 +52,22 @@ def int_value(node: Optional[cst.CSTNode]) -> Optional[int]:
 
 
 def is_true(node: Optional[cst.CSTNode]) -> bool:
-    return isinstance(node, cst.Name) and node.value == "True"
+    return type(node) is cst.Name and node.value == "True"
 
 
 def name_key(node: Optional[cst.CSTNode]) -> Optional[str]:
     """``model`` -> "model"; ``self.model`` -> "self.model"; anything else -> None."""
-    if isinstance(node, cst.Name):
+    if type(node) is cst.Name:
         return node.value
-    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
+    if type(node) is cst.Attribute and type(node.value) is cst.Name and node.value.value == "self":
         return "self." + node.attr.value
     return None
 
 
 def dotted(node: cst.CSTNode) -> Optional[str]:
-    if isinstance(node, cst.Name):
+    if type(node) is cst.Name:
         return node.value
-    if isinstance(node, cst.Attribute):
+    if type(node) is cst.Attribute:
         head = dotted(node.value)
         return f"{head}.{node.attr.value}" if head else None
     return None
@@ -75,7 +75,7 @@ def dotted(node: cst.CSTNode) -> Optional[str]:
 
 def unwrap_iterable(node: cst.BaseExpression) -> cst.BaseExpression:
     """``tqdm(enumerate(loader), ...)`` -> ``loader``: what a loop really iterates."""
-    while isinstance(node, cst.Call) and node.args:
+    while type(node) is cst.Call and node.args:
         name = dotted(node.func) or ""
         if name.split(".")[-1] in {"tqdm", "enumerate", "iter", "zip", "track", "list"}:
             node = node.args[0].value
