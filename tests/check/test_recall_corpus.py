@@ -30,8 +30,6 @@ SOURCE_LINK = re.compile(r"Source:\s*https://\S+")
 SOURCE_ANY = re.compile(r"Source:\s*\S+")
 # Known false alarms on correct code, reported to the rule owners: {relative path: reason naming the rule}.
 KNOWN_FALSE_ALARMS: dict[str, str] = {
-    "fixtures/field/rt2_glm_voice_int4_worker_to.fixed.py": "GD203 flags a bf16 cast guarded by `dtype != 'int4'`"
-    " while quantization_config is set only when dtype == 'int4' (branch correlation not followed)",
 }
 
 

@@ -574,9 +574,22 @@ class FileFacts(ExpressionValues):
             traits[TRAIT_FP16] = dtype
         traits["class"] = owner
         conditions = self.keyword_conditions(call, order, scope)
+        if TRAIT_QUANTIZED in traits:
+            conditions |= self._conditional_names(qconfig, order, scope)
         if conditions:
             traits["kwargs_conditions"] = conditions
         return Value("model", call, traits)
+
+    def _conditional_names(self, node, order: int, scope: Scope) -> frozenset[str]:
+        """The names tested by a conditional expression that decides a loading kwarg
+        (``quantization_config=BitsAndBytesConfig(...) if dtype == "int4" else None``, directly or through one
+        name): code under a test of them (``if dtype != "int4": model.to(torch.bfloat16)``) is on another path."""
+        if isinstance(node, cst.Name):
+            binding = self.binding_at(node.value, order, scope)
+            node = binding.value if binding is not None else None
+        if not isinstance(node, cst.IfExp):
+            return frozenset()
+        return frozenset(n.value for n in walk(node.test) if isinstance(n, cst.Name))
 
     def _is_bnb_config(self, node, order, scope) -> bool:
         return self.value(node, order, scope).kind == "quantization_config"
