@@ -647,7 +647,7 @@ class FileFacts(ExpressionValues):
         # .to(...): a dtype argument casts, anything else moves.
         traits = {}
         for arg in site.node.args:
-            q = self.qualname(arg.value)
+            q = self.qualname(self._sole_dtype_binding(arg.value, site) or arg.value)
             if q and q.startswith("torch.") and q.split(".")[-1] in _DTYPES:
                 dtype = _DTYPES[q.split(".")[-1]]
                 traits[TRAIT_CAST] = (dtype, site.node)
@@ -658,6 +658,21 @@ class FileFacts(ExpressionValues):
         if method != "to":
             traits[TRAIT_MOVED] = site.node
         return base.derive(site.node, **traits)
+
+    def _sole_dtype_binding(self, node: cst.BaseExpression, site: CallSite) -> Optional[cst.BaseExpression]:
+        """``dtype = torch.float16`` bound once in its scope (no other assignment, none under an ``if``): the
+        value ``.to(device, dtype=dtype)`` casts to. A name assigned on several paths (``weight_dtype =
+        torch.float32`` then ``if fp16: weight_dtype = torch.float16``) stays unknown."""
+        if not isinstance(node, cst.Name):
+            return None
+        binding = self.binding_at(node.value, site.order, site.scope)
+        if binding is None or binding.kind != "assign" or not isinstance(binding.value, cst.Attribute):
+            return None
+        if len(binding.scope.bindings.get(node.value, ())) != 1:
+            return None
+        if any(isinstance(frame, IfFrame) for frame in binding.context):
+            return None
+        return binding.value
 
     def _bindings_of_value(self, value_node: cst.CSTNode) -> list[Binding]:
         return self._bindings_by_value.get(id(value_node), [])
