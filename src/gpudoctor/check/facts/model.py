@@ -583,9 +583,22 @@ class FileFacts(ExpressionValues):
             traits[TRAIT_FP16] = dtype
         traits["class"] = owner
         conditions = self.keyword_conditions(call, order, scope)
+        if TRAIT_QUANTIZED in traits:
+            conditions |= self._conditional_names(qconfig, order, scope)
         if conditions:
             traits["kwargs_conditions"] = conditions
         return Value("model", call, traits)
+
+    def _conditional_names(self, node, order: int, scope: Scope) -> frozenset[str]:
+        """The names tested by a conditional expression that decides a loading kwarg
+        (``quantization_config=BitsAndBytesConfig(...) if dtype == "int4" else None``, directly or through one
+        name): code under a test of them (``if dtype != "int4": model.to(torch.bfloat16)``) is on another path."""
+        if isinstance(node, cst.Name):
+            binding = self.binding_at(node.value, order, scope)
+            node = binding.value if binding is not None else None
+        if not isinstance(node, cst.IfExp):
+            return frozenset()
+        return frozenset(n.value for n in walk(node.test) if isinstance(n, cst.Name))
 
     def _is_bnb_config(self, node, order, scope) -> bool:
         return self.value(node, order, scope).kind == "quantization_config"
@@ -643,7 +656,7 @@ class FileFacts(ExpressionValues):
         # .to(...): a dtype argument casts, anything else moves.
         traits = {}
         for arg in site.node.args:
-            q = self.qualname(arg.value)
+            q = self.qualname(self._sole_dtype_binding(arg.value, site) or arg.value)
             if q and q.startswith("torch.") and q.split(".")[-1] in _DTYPES:
                 dtype = _DTYPES[q.split(".")[-1]]
                 traits[TRAIT_CAST] = (dtype, site.node)
@@ -654,6 +667,21 @@ class FileFacts(ExpressionValues):
         if method != "to":
             traits[TRAIT_MOVED] = site.node
         return base.derive(site.node, **traits)
+
+    def _sole_dtype_binding(self, node: cst.BaseExpression, site: CallSite) -> Optional[cst.BaseExpression]:
+        """``dtype = torch.float16`` bound once in its scope (no other assignment, none under an ``if``): the
+        value ``.to(device, dtype=dtype)`` casts to. A name assigned on several paths (``weight_dtype =
+        torch.float32`` then ``if fp16: weight_dtype = torch.float16``) stays unknown."""
+        if not isinstance(node, cst.Name):
+            return None
+        binding = self.binding_at(node.value, site.order, site.scope)
+        if binding is None or binding.kind != "assign" or not isinstance(binding.value, cst.Attribute):
+            return None
+        if len(binding.scope.bindings.get(node.value, ())) != 1:
+            return None
+        if any(isinstance(frame, IfFrame) for frame in binding.context):
+            return None
+        return binding.value
 
     def _bindings_of_value(self, value_node: cst.CSTNode) -> list[Binding]:
         return self._bindings_by_value.get(id(value_node), [])
