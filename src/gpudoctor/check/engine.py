@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import gc
 import io
 import os
 import re
@@ -376,6 +377,26 @@ def check_source(
     with_suppressed: bool = False,
 ) -> list[Finding]:
     """Run ``rules`` (default: every stable rule) over one source text. Raises cst.ParserSyntaxError."""
+    # The cyclic garbage collector is paused while one file is checked: libcst allocates millions of
+    # objects, and the facts (scopes <-> bindings) keep the whole tree in reference cycles, so automatic
+    # collections kept re-traversing a tree that is still in use; the file's garbage is collected once,
+    # by the first collection after this returns (the engine's CPU time was ~15 % garbage collection).
+    if not gc.isenabled():
+        return _check_source(source, path, rules, module, with_suppressed)
+    gc.disable()
+    try:
+        return _check_source(source, path, rules, module, with_suppressed)
+    finally:
+        gc.enable()
+
+
+def _check_source(
+    source: str,
+    path: str,
+    rules: Optional[Iterable[type[Rule]]],
+    module: Optional[cst.Module],
+    with_suppressed: bool,
+) -> list[Finding]:
     import libcst as cst  # imported here: a run served from the cache never needs it
 
     from gpudoctor.check.facts import collect

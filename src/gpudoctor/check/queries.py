@@ -315,11 +315,23 @@ _GPU_NAME_SIZE = re.compile(
 )
 
 
+_STATED_GPUS_LAST: list = [None, None, None]  # (source, model_names, answer) of the last call: rules share it
+
+
 def stated_gpus(source: str, model_names: bool = False) -> Optional[tuple[int, float, str]]:
     """(number of GPUs, GB per GPU, the text that says so), as far as the file states it.
 
     ``model_names``: also accept "8 GB each" and a bare GPU model ("RTX 3070 Ti" -> 8 GB, count 1).
     """
+    last = _STATED_GPUS_LAST
+    if last[0] is source and last[1] == model_names:
+        return last[2]
+    answer = _stated_gpus(source, model_names)
+    last[:] = [source, model_names, answer]
+    return answer
+
+
+def _stated_gpus(source: str, model_names: bool) -> Optional[tuple[int, float, str]]:
     match = _COUNT_AND_SIZE.search(source)
     if match and not re.match(r"\s*(RAM|memory\b(?! of the GPU))", source[match.end() : match.end() + 8], re.IGNORECASE):
         size = float(match.group(2)) * (_GIB_PER_GB if match.group(3).lower() == "gib" else 1.0)
