@@ -519,12 +519,7 @@ class FileFacts(ExpressionValues):
                 if found is not None:
                     return found
         for key, binding in self._kwargs_dicts(call, order, scope):
-            if isinstance(binding.value, cst.Dict):
-                for element in binding.value.elements:
-                    if isinstance(element, cst.DictElement) and string_value(element.key) == keyword:
-                        found = element.value
-            elif isinstance(binding.value, cst.Call) and dotted(binding.value.func) == "dict":
-                found = call_arg(binding.value, keyword=keyword)
+            found = _literal_dict_entry(binding.value, keyword)
             for site in self.subscript_assigns:
                 if site.base_key == key and binding.order < site.order < order and len(site.target.slice) == 1:
                     index = site.target.slice[0].slice
@@ -719,11 +714,14 @@ def _article(qualname: str) -> str:
 
 
 def _literal_dict_entry(node: cst.CSTNode, keyword: str) -> Optional[cst.BaseExpression]:
-    """The value of ``keyword`` in a dict display or a ``dict(k=v)`` call; None otherwise."""
+    """The value of ``keyword`` in a dict display (the last entry wins, as in Python) or a ``dict(k=v)``
+    call; None otherwise."""
     if isinstance(node, cst.Dict):
+        found = None
         for element in node.elements:
             if isinstance(element, cst.DictElement) and string_value(element.key) == keyword:
-                return element.value
+                found = element.value
+        return found
     elif isinstance(node, cst.Call) and dotted(node.func) == "dict":
         return call_arg(node, keyword=keyword)
     return None
