@@ -365,6 +365,92 @@ def test_keyword_argument_through_kwargs_dicts() -> None:
     assert [string_value(f) if f is not None else None for f in found] == ["auto", "balanced", "sequential", "cuda:0", None]
 
 
+def _live_keys(facts, name: str = "from_pretrained") -> list[list[str]]:
+    """The live entries of each ``**`` dict of each ``name(...)`` call, as ``key=value`` texts."""
+    out = []
+    for site in calls_named(facts, name):
+        entries = [e for c in facts.kwargs_contents(site.node, site.order, site.scope) for e in c.entries.values()]
+        out.append([f"{e.key}={facts.module.code_for_node(e.value)}" for e in entries])
+    return out
+
+
+def test_dict_contents_replays_stores_updates_and_removals_in_flow_order() -> None:
+    facts = facts_of(
+        """
+        from transformers import AutoModelForCausalLM as M
+        kw = {"device_map": "auto", "load_in_8bit": True}
+        kw["torch_dtype"] = "auto"
+        del kw["load_in_8bit"]
+        kw.update({"device_map": "balanced"}, low_cpu_mem_usage=True)
+        kw.setdefault("device_map", "cuda")
+        kw.setdefault("revision", "main")
+        kw.pop("torch_dtype", None)
+        M.from_pretrained("m", **kw)
+        kw["late"] = 1
+        cleared = dict(device_map="auto")
+        cleared.clear()
+        M.from_pretrained("m", **cleared)
+        """
+    )
+    assert _live_keys(facts) == [
+        ['device_map="balanced"', "low_cpu_mem_usage=True", 'revision="main"'],
+        [],
+    ]
+
+
+def test_dict_contents_follows_aliases_both_ways() -> None:
+    facts = facts_of(
+        """
+        from transformers import AutoModelForCausalLM as M
+        base = {"load_in_8bit": True}
+        kwargs = base
+        base["device_map"] = "auto"
+        M.from_pretrained("m", **kwargs)
+        other = {"load_in_4bit": True, "device_map": "auto"}
+        alias = other
+        del alias["load_in_4bit"]
+        M.from_pretrained("m", **other)
+        rebound = {"load_in_4bit": True}
+        rebound = {}
+        rebound["device_map"] = "auto"
+        M.from_pretrained("m", **rebound)
+        """
+    )
+    assert _live_keys(facts) == [
+        ["load_in_8bit=True", 'device_map="auto"'],
+        ['device_map="auto"'],
+        ['device_map="auto"'],
+    ]
+
+
+def test_dict_contents_of_what_the_file_does_not_build() -> None:
+    facts = facts_of(
+        """
+        from transformers import AutoModelForCausalLM as M
+        def load(kwargs, dict):
+            kwargs["device_map"] = "auto"
+            M.from_pretrained("m", **kwargs)
+            M.from_pretrained("m", **dict(device_map="auto"))
+        """
+    )
+    assert _live_keys(facts) == [[], []]  # a parameter, and a shadowed ``dict``
+    [first, _] = calls_named(facts, "from_pretrained")
+    assert facts.dict_contents(first.node.args[1].value, first.order, first.scope) is None
+
+
+def test_keyword_argument_skips_a_deleted_entry() -> None:
+    facts = facts_of(
+        """
+        from transformers import AutoModelForCausalLM as M
+        kw = {"device_map": "auto"}
+        kw.pop("device_map")
+        M.from_pretrained("m", **kw)
+        """
+    )
+    [site] = calls_named(facts, "from_pretrained")
+    assert facts.keyword_argument(site.node, "device_map", site.order, site.scope) is None
+
+
 def test_torchvision_pipeline_output_is_a_tensor() -> None:
     facts = facts_of(
         """
