@@ -13,6 +13,7 @@ from gpudoctor.check.facts import (
     TRAIT_OFFLOADED,
     TRAIT_PEFT,
     TRAIT_PREPARED,
+    FollowedCall,
     collect,
     string_value,
 )
@@ -449,6 +450,50 @@ def test_keyword_argument_skips_a_deleted_entry() -> None:
     )
     [site] = calls_named(facts, "from_pretrained")
     assert facts.keyword_argument(site.node, "device_map", site.order, site.scope) is None
+
+
+def test_follow_name_to_assignments_and_every_argument() -> None:
+    facts = facts_of(
+        """
+        class Net:
+            def __init__(self):
+                self.path = "ckpt.pt"
+
+            def go(self):
+                return self.path
+
+        def helper(x, unused):
+            y = x
+            return y
+
+        helper("a", 1)
+        helper("b", 2)
+        for z in range(3):
+            print(z)
+        """
+    )
+    [_, go, helper_scope] = facts.functions
+    text = lambda sources: [(facts.module.code_for_node(n), order) for n, order, _ in sources]  # noqa: E731
+    [ret] = facts.returns[id(helper_scope)]
+    [(value, order, scope)] = facts.follow_name(ret.value, ret.order, ret.scope)
+    assert facts.module.code_for_node(value) == "x"
+    assert [t for t, _ in text(facts.follow_name(value, order, scope))] == ['"a"', '"b"']
+    assert facts.follow_name(value, order, scope, params=False) is None
+    first_call = calls_named(facts, "helper")[0]
+    only = facts.follow_name(value, order, scope, passed=FollowedCall(first_call, helper_scope))
+    assert [t for t, _ in text(only)] == ['"a"']
+    assert facts.follow_name(value, order, scope, stop=lambda binding, at: binding.kind == "param") is None
+    # ``self.x`` only when asked; a loop target is not followed
+    [self_ret] = facts.returns[id(go)]
+    assert facts.follow_name(self_ret.value, self_ret.order, self_ret.scope) is None
+    [(path, _, _)] = facts.follow_name(self_ret.value, self_ret.order, self_ret.scope, attributes=True)
+    assert string_value(path) == "ckpt.pt"
+    [printed] = calls_named(facts, "print")
+    assert facts.follow_name(printed.node.args[0].value, printed.order, printed.scope) is None
+    # through_name: the first result when every source gives one
+    read = lambda node, order, scope: string_value(node)  # noqa: E731
+    assert facts.through_name(read, value, order, scope) == "a"
+    assert facts.through_name(lambda node, order, scope: string_value(node) == "b" or None, value, order, scope) is None
 
 
 def test_torchvision_pipeline_output_is_a_tensor() -> None:
