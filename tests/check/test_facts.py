@@ -10,6 +10,7 @@ from gpudoctor.check.facts import (
     TRAIT_CAST,
     TRAIT_DISPATCHED,
     TRAIT_EMPTY,
+    TRAIT_FP16,
     TRAIT_OFFLOADED,
     TRAIT_PEFT,
     TRAIT_PREPARED,
@@ -494,6 +495,29 @@ def test_follow_name_to_assignments_and_every_argument() -> None:
     read = lambda node, order, scope: string_value(node)  # noqa: E731
     assert facts.through_name(read, value, order, scope) == "a"
     assert facts.through_name(lambda node, order, scope: string_value(node) == "b" or None, value, order, scope) is None
+
+
+def test_diffusers_pipeline_components_are_models() -> None:
+    facts = facts_of(
+        """
+        import torch
+        from diffusers import OnnxStableDiffusionPipeline, StableDiffusionPipeline
+        pipe = StableDiffusionPipeline.from_pretrained("sd", torch_dtype=torch.float16)
+        pipe.unet.to(dtype=torch.float32)
+        unet = pipe.unet
+        print(unet, pipe.vae, pipe.tokenizer, pipe.scheduler)
+        onnx = OnnxStableDiffusionPipeline.from_pretrained("sd")
+        print(onnx.unet)
+        """
+    )
+    [first, second] = calls_named(facts, "print")
+    unet, vae, tokenizer, scheduler = (facts.value(a.value, first.order, first.scope) for a in first.node.args)
+    assert facts.value(facts.calls[0].node).kind == "diffusion_pipeline"
+    assert (unet.kind, vae.kind, tokenizer.kind, scheduler.kind) == ("model", "model", "unknown", "unknown")
+    assert unet.carrier(TRAIT_CAST).traits[TRAIT_CAST][0] == "float32"  # its own cast is the latest
+    assert vae.carrier(TRAIT_FP16) is not None and vae.carrier(TRAIT_CAST) is None  # the pipeline's torch_dtype
+    assert unet.origin().trait("component") == "unet"
+    assert facts.value(second.node.args[0].value, second.order, second.scope).kind == "unknown"
 
 
 def test_torchvision_pipeline_output_is_a_tensor() -> None:

@@ -165,6 +165,29 @@ SEQ2SEQ_LM_CLASSES = frozenset({
 })
 
 
+# diffusers pipelines. A pipeline is no module, but the components it registers are: diffusers 0.42.1, the
+# ``__init__`` annotations of every ``*Pipeline`` class under ``diffusers/pipelines`` give these names torch
+# modules (``UNet2DConditionModel``, ``AutoencoderKL``, ``CLIPTextModel``, ``*Transformer2DModel``,
+# ``ControlNetModel``, ``VQModel``, ``MotionAdapter``...) in every torch pipeline; the tokenizers, schedulers
+# and feature extractors are not. The ONNX pipelines hold ``OnnxRuntimeModel`` components (not modules).
+DIFFUSION_PIPELINE_MODULES = frozenset({
+    "unet", "vae", "text_encoder", "text_encoder_2", "text_encoder_3", "transformer", "transformer_2",
+    "image_encoder", "controlnet", "prior", "movq", "vqvae", "motion_adapter",
+})
+# How a pipeline is loaded (``DiffusionPipeline.from_pretrained``; ``from_pipe`` reuses another's components).
+DIFFUSION_PIPELINE_LOADERS = frozenset({"from_pretrained", "from_single_file", "from_pipe"})
+
+
+def is_diffusion_pipeline_load(qualname: Optional[str]) -> bool:
+    """``diffusers.StableDiffusionPipeline.from_pretrained`` (any torch pipeline class, ``DiffusionPipeline``,
+    ``AutoPipelineForText2Image``...; not ``Onnx*``/``Flax*``)."""
+    parts = (qualname or "").split(".")
+    if len(parts) < 3 or parts[0] != "diffusers" or parts[-1] not in DIFFUSION_PIPELINE_LOADERS:
+        return False
+    name = parts[-2]
+    return (name.endswith("Pipeline") or name.startswith("AutoPipelineFor")) and "Onnx" not in name and not name.startswith("Flax")
+
+
 # Names a snippet (a notebook cell, a forum post, a star import) uses without importing them: an unbound
 # name from this table is read as the library object it names, and findings say so.
 WELL_KNOWN_NAMES = {

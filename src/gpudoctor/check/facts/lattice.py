@@ -3,7 +3,9 @@
 Kinds (``Value.kind``): model (any nn.Module, with its traits), accelerator, optimizer, scheduler,
 dataloader, batch (an item a dataloader yields), tensor (a batch item, ``torch.*`` results, arithmetic and
 views of tensors), model_output, tokenizer, tokenizer_output, device, tuple (a tuple/list display, or what a
-function returns as several values), trainer, training_args, device_map, unknown.
+function returns as several values), trainer, training_args, device_map, diffusion_pipeline (a diffusers
+pipeline: its ``unet``/``vae``/``text_encoder``/``transformer``... are models, ``apis.DIFFUSION_PIPELINE_MODULES``),
+unknown.
 
 Values flow through assignments, unpacking, ``for`` targets (``enumerate``/``zip``/``tqdm``/``iter``,
 the file's own generators), ``next()``, comprehensions, attribute stores on ``self``, returns of the file's
@@ -29,6 +31,7 @@ BATCH = "batch"
 DEVICE = "device"
 TUPLE = "tuple"
 MODEL_OUTPUT = "model_output"
+DIFFUSION_PIPELINE = "diffusion_pipeline"
 TOKENIZER_OUTPUT = "tokenizer_output"
 
 # Iteration wrappers whose items are the items of their first argument.
@@ -72,6 +75,7 @@ class ExpressionValues:
     def value(self, node, order=None, scope=None) -> Value: ...  # pragma: no cover
     def qualname(self, node) -> Optional[str]: ...  # pragma: no cover
     def binding_at(self, key, order, scope): ...  # pragma: no cover
+    def _pipeline_component(self, node, pipeline, order, scope) -> Value: ...  # pragma: no cover
 
     # ------------------------------------------------------------------ questions
 
@@ -244,6 +248,8 @@ class ExpressionValues:
             return Value(TENSOR, node, base=base)
         if base.kind == "model" and attr in ("weight", "bias"):
             return _tensor(node, parameter=base)
+        if base.kind == DIFFUSION_PIPELINE and attr in apis.DIFFUSION_PIPELINE_MODULES:
+            return self._pipeline_component(node, base, order, scope)
         return UNKNOWN
 
     def _evaluate_other_call(self, call: cst.Call, q: Optional[str], order: int, scope: "Scope", site) -> Value:

@@ -10,7 +10,7 @@ import libcst as cst
 
 from gpudoctor.check import apis
 from gpudoctor.check.facts.dicts import DictContentsQueries
-from gpudoctor.check.facts.lattice import ExpressionValues
+from gpudoctor.check.facts.lattice import DIFFUSION_PIPELINE, ExpressionValues
 from gpudoctor.check.facts.nodes import (
     call_arg,
     dotted,
@@ -409,7 +409,7 @@ class FileFacts(DictContentsQueries, ExpressionValues):
                 continue
             if site.qualname in apis.DISPATCH:
                 value = self._dispatched(value, site)
-            elif value.kind == "model" and site.method in apis.MODULE_MOVES | apis.MODULE_CASTS:
+            elif value.kind in ("model", DIFFUSION_PIPELINE) and site.method in apis.MODULE_MOVES | apis.MODULE_CASTS:
                 value = self._moved_or_cast(value, site)
         return value
 
@@ -456,6 +456,8 @@ class FileFacts(DictContentsQueries, ExpressionValues):
                 return Value("optimizer", call)
             if apis.is_scheduler(q):
                 return Value("scheduler", call)
+            if apis.is_diffusion_pipeline_load(q):
+                return self._loaded_pipeline(call, order, scope)
             owner_method = apis.hf_class_method(q)
             if owner_method:
                 owner, method = owner_method
@@ -468,7 +470,7 @@ class FileFacts(DictContentsQueries, ExpressionValues):
             receiver = call.func.value
             if method in apis.MODULE_MOVES | apis.MODULE_CASTS:
                 base = self.value(receiver, order, scope)
-                if base.kind == "model" and site is not None:
+                if base.kind in ("model", DIFFUSION_PIPELINE) and site is not None:
                     return self._moved_or_cast(base, site)
                 if base.kind == "unknown":
                     return UNKNOWN  # a tensor, a module, a batch: ``.to()`` says nothing about which
@@ -535,6 +537,31 @@ class FileFacts(DictContentsQueries, ExpressionValues):
         if conditions:
             traits["kwargs_conditions"] = conditions
         return Value("model", call, traits)
+
+    def _loaded_pipeline(self, call: cst.Call, order: int, scope: Scope) -> Value:
+        """A diffusers pipeline; ``torch_dtype=torch.float16`` loads every component in float16."""
+        dtype = self.keyword_argument(call, "torch_dtype", order, scope) or self.keyword_argument(call, "dtype", order, scope)
+        fp16 = dtype is not None and self.qualname(dtype) in ("torch.float16", "torch.half")
+        return Value(DIFFUSION_PIPELINE, call, {TRAIT_FP16: dtype} if fp16 else {})
+
+    def _pipeline_component(self, node: cst.Attribute, pipeline: Value, order: int, scope: Scope) -> Value:
+        """``pipe.unet``: a module of the pipeline, with the pipeline's latest dtype and move (``pipe.to(...)``,
+        ``torch_dtype=``) and then what the file does to ``pipe.unet`` itself before ``order``."""
+        chain: list[Value] = []
+        current: Optional[Value] = pipeline
+        while current is not None:
+            chain.append(current)
+            current = current.base
+        component = Value("model", node, {"component": node.attr.value, "component_of": pipeline.node})
+        for step in reversed(chain):  # oldest first: the latest dtype stays the latest
+            carried = {k: v for k, v in step.traits.items() if k in (TRAIT_CAST, TRAIT_FP16, TRAIT_MOVED)}
+            if carried:
+                component = component.derive(step.node, **carried)
+        owner = name_key(node.value)
+        binding = self.binding_at(owner, order, scope) if owner is not None else None
+        if binding is None:
+            return component
+        return self._apply_mutations(f"{owner}.{node.attr.value}", component, binding, order, scope)
 
     def _conditional_names(self, node, order: int, scope: Scope) -> frozenset[str]:
         """The names tested by a conditional expression that decides a loading kwarg
