@@ -59,7 +59,14 @@ class DictContentsQueries:
 
     def dict_contents(self, expr: Optional[cst.CSTNode], order: int, scope: "Scope") -> Optional[DictContents]:
         """What the dict ``expr`` evaluates to holds at ``order``; None when ``expr`` is not a dict the file
-        builds (a parameter, a call's result, an unknown name)."""
+        builds (a parameter, a call's result, an unknown name). Cached: callers read, never change, the result."""
+        cache = self.__dict__.setdefault("_dict_contents", {})
+        key = (id(expr), order, id(scope))
+        if key not in cache:
+            cache[key] = self._replay_dict(expr, order, scope)
+        return cache[key]
+
+    def _replay_dict(self, expr: Optional[cst.CSTNode], order: int, scope: "Scope") -> Optional[DictContents]:
         bindings: list[Binding] = []
         at, where = order, scope
         for _ in range(_ALIAS_DEPTH + 1):
