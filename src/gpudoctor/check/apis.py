@@ -146,6 +146,25 @@ def is_seq2seq_class(name: str) -> bool:
     return "Seq2Seq" in name or name.endswith("ForConditionalGeneration")
 
 
+# Encoder-decoder (and audio-to-text) language models: their forward returns vocabulary-sized logits per target
+# token (``Seq2SeqLMOutput`` or a ``*CausalLMOutput*``). transformers 5.24: the classes of
+# ``MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES`` and ``MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES``
+# (``models/auto/modeling_auto.py``) except Dia (audio-codebook logits), and their Auto/PEFT loaders.
+SEQ2SEQ_LM_CLASSES = frozenset({
+    "AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq", "AutoPeftModelForSeq2SeqLM", "EncoderDecoderModel",
+    "SpeechEncoderDecoderModel", "MarianMTModel", "SeamlessM4TForTextToText", "SeamlessM4Tv2ForTextToText",
+    "SeamlessM4TForSpeechToText", "SeamlessM4Tv2ForSpeechToText", "SpeechT5ForSpeechToText",
+    *(f"{m}ForConditionalGeneration" for m in (
+        "AudioFlamingo3", "Bart", "BigBirdPegasus", "Blenderbot", "BlenderbotSmall", "Canary", "CohereAsr", "FSMT",
+        "FunAsrNano", "GlmAsr", "GraniteSpeech", "GraniteSpeechPlus", "KyutaiSpeechToText", "LED", "LongT5", "M2M100",
+        "MBart", "MT5", "Moonshine", "MoonshineStreaming", "MossTranscribeDiarize", "MusicFlamingo", "Mvp",
+        "Nemotron3_5Transcribe", "NllbMoe", "OmniASR", "PLBart", "Pegasus", "PegasusX", "Pop2Piano", "ProphetNet",
+        "Qwen2Audio", "Qwen3ASR", "Speech2Text", "SwitchTransformers", "T5", "T5Gemma", "T5Gemma2", "UMT5",
+        "VibeVoice", "VibeVoiceAsr", "Voxtral", "VoxtralRealtime", "Whisper",
+    )),
+})
+
+
 # Names a snippet (a notebook cell, a forum post, a star import) uses without importing them: an unbound
 # name from this table is read as the library object it names, and findings say so.
 WELL_KNOWN_NAMES = {

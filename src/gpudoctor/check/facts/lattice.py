@@ -13,7 +13,7 @@ Kept as a mixin of ``FileFacts`` (``model.py``) so evaluation stays one cached r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional
 
 import libcst as cst
 
@@ -51,6 +51,14 @@ _DEVICE_PREFIXES = ("cuda", "cpu", "mps", "xpu", "npu", "meta")
 _TENSOR_TRANSFORMS = {"ToTensor", "PILToTensor", "Normalize", "ConvertImageDtype", "RandomErasing", "ToImage", "ToDtype",
                       "ToPureTensor"}
 _TENSOR_TRANSFORM_FUNCTIONS = {"to_tensor", "pil_to_tensor", "normalize", "convert_image_dtype"}
+
+
+class FollowedCall(NamedTuple):
+    """A call of the file's own function being followed into (``helper(w)`` into ``def helper(x)``): inside
+    ``callee``, its parameters stand for what ``site`` passes, not for what every call passes."""
+
+    site: "CallSite"
+    callee: "Scope"
 
 
 def _tensor(node: cst.CSTNode, **traits) -> Value:
@@ -390,6 +398,44 @@ class ExpressionValues:
         if isinstance(param, cst.Param) and param.default is not None:
             return self.value(param.default, binding.order, binding.scope)
         return UNKNOWN
+
+    def follow_name(
+        self, node: Optional[cst.CSTNode], order: int, scope: "Scope", *, params: bool = True, attributes: bool = False,
+        stop: Optional[Callable[["Binding", int], bool]] = None, passed: Optional[FollowedCall] = None,
+    ) -> Optional[list[tuple[cst.BaseExpression, int, "Scope"]]]:
+        """What the name ``node`` (``self.x`` too when ``attributes``) stands for at ``order``, as (expression,
+        order, scope) to read: the value of its plain assignment; for a parameter (when ``params``), the
+        argument of every call of the file that passes one (see ``param_sources``: possibly none). None when
+        it is not followed: not a name, unbound, bound otherwise (a loop target, an unpacking, ``with``,
+        ``def``), or ``stop(binding, order)`` says the binding no longer holds at ``order``."""
+        key = name_key(node) if node is not None else None
+        if key is None or (key.startswith("self.") and not attributes):
+            return None
+        binding = self.binding_at(key, order, scope)
+        if binding is None or (stop is not None and stop(binding, order)):
+            return None
+        if binding.kind == "param":
+            return self.param_sources(binding, passed) if params else None
+        if binding.kind != "assign" or binding.value is None:
+            return None
+        return [(binding.value, binding.order, binding.scope)]
+
+    def through_name(self, read: Callable[..., Any], node: Optional[cst.CSTNode], order: int, scope: "Scope", **follow) -> Any:
+        """``read(expression, order, scope)`` of what the name ``node`` stands for (``follow_name``, with its
+        options): the first result when every source gives one (a parameter: every call's argument agrees),
+        else None."""
+        sources = self.follow_name(node, order, scope, **follow)
+        found = [read(*source) for source in sources or ()]
+        return found[0] if found and all(found) else None
+
+    def param_sources(self, binding: "Binding", passed: Optional[FollowedCall] = None) -> list:
+        """(argument, order, scope) for parameter ``binding``: what every call of the file passes, or only what
+        ``passed.site`` passes when the parameter belongs to ``passed.callee`` (the call being followed; none
+        when that call passes it by keyword-star or not at all)."""
+        arguments = list(self._param_arguments(binding))
+        if passed is not None and passed.callee is binding.scope:
+            return [a for a in arguments if a[1] == passed.site.order and a[2] is passed.site.scope][:1]
+        return arguments
 
     def param_argument(self, binding: "Binding"):
         """(the argument, order, scope) the first call of the function passes for parameter ``binding``."""
