@@ -261,6 +261,8 @@ def mixing_use(facts: FileFacts, node: cst.CSTNode, root: cst.CSTNode, depth: in
         return parent
     if isinstance(parent, cst.Subscript) and parent.value is child:
         return mixing_use(facts, parent, root, depth + 1)  # a slice or index stays on the tensor's device
+    if isinstance(parent, cst.UnaryOperation) and not isinstance(parent.operator, cst.Not):
+        return mixing_use(facts, parent, root, depth + 1)  # ~mask, -m: a tensor on the same device
     if isinstance(parent, cst.Comparison):
         return None  # masks from comparisons: their use is followed elsewhere
     if isinstance(parent, cst.Arg):
@@ -501,6 +503,9 @@ def cpu_computed(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scop
             method = node.func.attr.value
             if method in _REDUCTIONS | _ELEMENTWISE | SAME_DEVICE_METHODS and all(
                 not _is_tensor_like_expr(facts, a.value) or a.keyword is not None and a.keyword.value in ("min", "max", "dim", "dtype")
+                or _python_number(a.value)
+                # ``mask.float().masked_fill(mask == 0, v)``: every tensor operand is on the CPU too
+                or cpu_computed(facts, a.value, order, scope, depth + 1, passed) is not None
                 for a in node.args
             ):
                 found = cpu_computed(facts, node.func.value, order, scope, depth + 1, passed)
@@ -548,6 +553,12 @@ def cpu_computed(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scop
     if binding.kind != "assign" or binding.value is None or _placed_after(facts, key, binding, order):
         return None
     return cpu_computed(facts, binding.value, binding.order, binding.scope, depth + 1, passed)
+
+
+def _python_number(node: cst.CSTNode) -> bool:
+    """``float("-inf")``, ``int(n)``, ``len(x)``: a Python number, not a tensor."""
+    return (isinstance(node, cst.Call) and isinstance(node.func, cst.Name)
+            and node.func.value in ("float", "int", "len", "round", "bool"))
 
 
 def _arguments(facts: FileFacts, binding, passed) -> list:
@@ -617,6 +628,8 @@ def on_accelerator(facts: FileFacts, node: Optional[cst.CSTNode], order: int, sc
         if method in SAME_DEVICE_METHODS | SHAPE_METHODS | {"masked_fill", "ne", "eq", "lt", "gt", "le", "ge"}:
             return on_accelerator(facts, node.func.value, order, scope, depth + 1)
         return None
+    if isinstance(node, cst.Call) and _own_function_call(facts, node):
+        return _returned_on_accelerator(facts, node, (), depth)
     if isinstance(node, (cst.Subscript, cst.Attribute)):
         if isinstance(node, cst.Attribute) and node.attr.value not in ("T", "mT", "data"):
             return None
@@ -637,9 +650,31 @@ def on_accelerator(facts: FileFacts, node: Optional[cst.CSTNode], order: int, sc
         arguments = list(facts._param_arguments(binding))
         found = [on_accelerator(facts, *argument, depth + 1) for argument in arguments]
         return found[0] if found and all(found) else None
+    if binding.kind == "unpack" and isinstance(binding.value, cst.Call) and binding.path and _own_function_call(facts, binding.value):
+        return _returned_on_accelerator(facts, binding.value, binding.path, depth)  # ``x, y = get_batch(data, i)``
     if binding.kind != "assign" or binding.value is None:
         return None
     return on_accelerator(facts, binding.value, binding.order, binding.scope, depth + 1)
+
+
+def _returned_on_accelerator(facts: FileFacts, call: cst.Call, path: tuple[int, ...], depth: int) -> Optional[cst.CSTNode]:
+    """What the file's own helper returns (the element at ``path`` of a returned tuple) is on an accelerator on
+    every ``return`` of it; None when one return is not shown to be, or a return's shape does not fit ``path``."""
+    site = facts.call_site(call)
+    returns = [ret for callee in facts.callee_scopes(site) for ret in facts.returns.get(id(callee), ())]
+    found = None
+    for ret in returns:
+        if ret.kind != "return" or ret.value is None:
+            return None
+        value = ret.value
+        for index in path:
+            if not isinstance(value, cst.Tuple) or index >= len(value.elements) or value.elements[index].value is None:
+                return None
+            value = value.elements[index].value
+        found = on_accelerator(facts, value, ret.order, ret.scope, depth + 1)
+        if found is None:
+            return None
+    return found
 
 
 def accelerator_device(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0) -> bool:
@@ -660,6 +695,9 @@ def accelerator_device(facts: FileFacts, node: Optional[cst.CSTNode], order: int
     if key is None:
         return False
     binding = facts.binding_at(key, order, scope)
+    if binding is not None and binding.kind == "param":  # a device handed in: every call of the file passes one
+        arguments = list(facts._param_arguments(binding))
+        return bool(arguments) and all(accelerator_device(facts, *argument, depth + 1) for argument in arguments)
     if binding is None or binding.kind != "assign":
         return False
     return accelerator_device(facts, binding.value, binding.order, binding.scope, depth + 1)
