@@ -426,6 +426,10 @@ def placement(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: 
         q = facts.qualname(node.func)
         if q in apis.DISPATCH:
             return "dispatched"
+        if q == "copy.deepcopy" and node.args:  # where the original is when it is copied
+            site = facts.call_site(node)
+            at = (site.order, site.scope) if site is not None else (order, scope)
+            return placement(facts, node.args[0].value, *at, depth + 1)
         owner_method = apis.hf_class_method(q) if q else None
         if owner_method and owner_method[1] in ("from_pretrained", "from_config") and apis.is_model_class(owner_method[0]):
             device_map = facts.device_map(call_arg(node, keyword="device_map"), order, scope)
@@ -504,6 +508,7 @@ def cpu_computed(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scop
             if method in _REDUCTIONS | _ELEMENTWISE | SAME_DEVICE_METHODS and all(
                 not _is_tensor_like_expr(facts, a.value) or a.keyword is not None and a.keyword.value in ("min", "max", "dim", "dtype")
                 or _python_number(a.value)
+                or method in SHAPE_METHODS  # sizes and dims: ``.expand(x.size(0), -1)``
                 # ``mask.float().masked_fill(mask == 0, v)``: every tensor operand is on the CPU too
                 or cpu_computed(facts, a.value, order, scope, depth + 1, passed) is not None
                 for a in node.args

@@ -5,7 +5,7 @@ from typing import Optional
 import libcst as cst
 
 from gpudoctor.check import apis
-from gpudoctor.check.facts import CallSite, FileFacts, name_key
+from gpudoctor.check.facts import CallSite, FileFacts, call_arg, name_key
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import _parameters_owner, snippet
 from gpudoctor.check.rule import Rule
@@ -101,6 +101,9 @@ class OptimizerStateLoadedBeforeMove(Rule):
             if site.order <= after or site.method not in apis.MODULE_MOVES:
                 continue
             key = name_key(site.receiver)
+            wrapped = _wrapped_module(facts, site.receiver)  # ``nn.DataParallel(model).cuda()`` moves ``model``
+            if wrapped is not None:
+                key = name_key(wrapped)
             same = key == model_key and facts._same_namespace(site.scope, where, model_key)
             if not same and not (origin is not None and key is not None and site.scope is where
                                  and facts.value(site.receiver, site.order, site.scope).origin().node is origin):
@@ -125,6 +128,13 @@ class OptimizerStateLoadedBeforeMove(Rule):
             if any(b.order > move.order for b in bindings):
                 return True
         return False
+
+
+def _wrapped_module(facts: FileFacts, node) -> Optional[cst.BaseExpression]:
+    """The module a ``DataParallel(...)``/``DistributedDataParallel(...)`` call wraps (their moves move it)."""
+    if isinstance(node, cst.Call) and facts.qualname(node.func) in apis.DATA_PARALLEL | apis.DISTRIBUTED_DATA_PARALLEL:
+        return call_arg(node, 0, "module")
+    return None
 
 
 def _device_arg(facts: FileFacts, arg: cst.Arg, site: CallSite) -> bool:

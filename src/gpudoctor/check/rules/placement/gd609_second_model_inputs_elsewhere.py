@@ -144,6 +144,12 @@ class SecondModelInputsElsewhere(Rule):
             if name_key(call) is None:
                 break
             binding = facts.binding_at(name_key(call), order, scope)
+            if binding is not None and binding.kind == "unpack" and isinstance(binding.value, cst.Tuple) and binding.path:
+                element = _element(binding.value, binding.path)  # ``x, y = x.to(device), y.to(device)``
+                if element is None:
+                    return None
+                call, order, scope = element, binding.order, binding.scope
+                continue
             if binding is None or binding.kind != "assign":
                 return None
             call, order, scope = binding.value, binding.order, binding.scope
@@ -170,3 +176,12 @@ class SecondModelInputsElsewhere(Rule):
         if target is not None and accelerator_device(facts, target, order, scope):
             return call, None  # ``.to(device)`` with ``device = torch.device("cuda" if ... else "cpu")``, handed in
         return None
+
+
+def _element(value: cst.BaseExpression, path: tuple[int, ...]) -> Optional[cst.BaseExpression]:
+    """The element at ``path`` of nested tuple literals, or None when the shape does not fit."""
+    for index in path:
+        if not isinstance(value, cst.Tuple) or index >= len(value.elements) or isinstance(value.elements[index], cst.StarredElement):
+            return None
+        value = value.elements[index].value
+    return value
