@@ -77,7 +77,7 @@ class HelperCpuTensorMeetsGpu(Rule):
         moves to an accelerator (``Encoder(...).cuda()``, ``model.to(device)`` with a GPU ``device``): what the
         method mixes the result with (the module's weights, its inputs) is on that accelerator."""
         class_name = scope.class_name
-        if class_name is None or class_name not in module_classes(facts):
+        if class_name is None or class_name not in module_classes(facts) or not _runs_in_forward(facts, scope):
             return None
         for move in facts.calls:
             if move.method not in apis.MODULE_MOVES or move.receiver is None:
@@ -176,3 +176,14 @@ def _moves_inputs(model) -> bool:
             return True
         model = model.base
     return False
+
+
+def _runs_in_forward(facts: FileFacts, scope) -> bool:
+    """``forward``, or a method of the same class that ``forward`` calls (``self._embed(x)``): code that runs once the
+    module is on its device (``__init__`` and its helpers run before any move)."""
+    if scope.name == "forward":
+        return True
+    return any(
+        site.scope.name == "forward" and site.scope.class_name == scope.class_name
+        for site in facts.call_sites_of(scope)
+    )
