@@ -261,6 +261,8 @@ class ExpressionValues:
                 return self._torch_call(call, parts, order, scope)
             if parts[:2] == ["torchvision", "transforms"] and parts[-1] in _TENSOR_TRANSFORM_FUNCTIONS:
                 return _tensor(call, created=q)  # TF.to_tensor(img)
+            if q == "copy.deepcopy" and call.args:
+                return self._copied_model(call, order, scope)
             return UNKNOWN
         transformed = self._transformed_tensor(call, order, scope)
         if transformed is not None:
@@ -281,6 +283,15 @@ class ExpressionValues:
         if site is not None:
             return self._own_call_value(call, site)
         return UNKNOWN
+
+    def _copied_model(self, call: cst.Call, order: int, scope: "Scope") -> Value:
+        """``ema = copy.deepcopy(model)``: another model of the same class, a new object (its own origin: what is
+        done to ``model`` later, a move or ``prepare``, is not done to the copy)."""
+        copied = self.value(call.args[0].value, order, scope)
+        if copied.kind != "model":
+            return UNKNOWN
+        traits = {k: copied.trait(k) for k in ("class", "module") if copied.has(k)}
+        return Value("model", call, traits)
 
     def _transformed_tensor(self, call: cst.Call, order: int, scope: "Scope") -> Optional[Value]:
         """``tfms(img)`` where ``tfms`` is a torchvision transform (or ``Compose`` pipeline) that ends in a
