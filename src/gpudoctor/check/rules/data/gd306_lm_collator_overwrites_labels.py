@@ -6,7 +6,7 @@ from typing import Iterator, Optional
 import libcst as cst
 
 from gpudoctor.check import apis, versions
-from gpudoctor.check.facts import FileFacts, call_arg, name_key
+from gpudoctor.check.facts import FileFacts, call_arg, int_value, name_key
 from gpudoctor.check.facts.nodes import walk
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
@@ -81,9 +81,21 @@ def _masks(facts: FileFacts, value: cst.BaseExpression, order: int, scope, depth
         and s.order < order
         and name_key(s.target.value) == key
         and any(isinstance(element.slice, cst.Slice) for element in s.target.slice)
-        and _is_ignore(facts, s.value, s.order, s.scope)
+        and (
+            _is_ignore(facts, s.value, s.order, s.scope)
+            # a Python list: ``labels[:n] = [IGNORE_INDEX] * n`` masks the first n (the prompt), not the tail
+            or (_prefix_slice(s.target) and _builds_mask(facts, s.value, s.order, s.scope))
+        )
         for s in facts.subscript_assigns
     )
+
+
+def _prefix_slice(target: cst.Subscript) -> bool:
+    """``x[:n]`` / ``x[0:n]``: a slice from the start (a prompt prefix), not ``x[n:]`` (padding at the end)."""
+    if len(target.slice) != 1 or not isinstance(target.slice[0].slice, cst.Slice):
+        return False
+    piece = target.slice[0].slice
+    return (piece.lower is None or int_value(piece.lower) == 0) and piece.upper is not None and piece.step is None
 
 
 def _builds_mask(facts: FileFacts, value: cst.BaseExpression, order: int, scope) -> bool:
