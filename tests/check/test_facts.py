@@ -380,3 +380,48 @@ def test_torchvision_pipeline_output_is_a_tensor() -> None:
     )
     kinds = {key: facts.value(facts.module_scope.bindings[key][0].value).kind for key in "abcd"}
     assert kinds == {"a": "tensor", "b": "unknown", "c": "tensor", "d": "tensor"}
+
+
+def test_next_use_reads_the_same_binding_only():
+    facts = facts_of(
+        """
+        import torch
+        def step(model, x, y):
+            x.cuda()
+            log("moving")
+            out = model(x)
+            x = other()
+            use(x)
+        """
+    )
+    (site,) = calls_named(facts, "cuda")
+    use = facts.next_use("x", site.order, site.scope)
+    (model_call,) = calls_named(facts, "model")
+    assert use is model_call.node.args[0].value
+    rebound = facts_of(
+        """
+        def step(x):
+            x.cuda()
+            x = other()
+            use(x)
+        """
+    )
+    (site,) = calls_named(rebound, "cuda")
+    assert rebound.next_use("x", site.order, site.scope) is None  # `use(x)` reads another binding
+    assert facts.next_use("y", site.order, site.scope) is None  # never read again
+
+
+def test_calls_of_a_value_follow_its_name_while_it_holds_it():
+    facts = facts_of(
+        """
+        import torch.nn as nn
+        loss_fn = nn.CrossEntropyLoss(weight=w)
+        a = loss_fn(p, y)
+        b = loss_fn(q, y)
+        loss_fn = nn.MSELoss()
+        c = loss_fn(r, y)
+        """
+    )
+    first = calls_named(facts, "CrossEntropyLoss")[0]
+    calls = facts.calls_of_value(first.node)
+    assert [facts.module.code_for_node(c.node) for c in calls] == ["loss_fn(p, y)", "loss_fn(q, y)"]

@@ -86,6 +86,7 @@ class FileFacts(ExpressionValues):
         self.loops: list[LoopFrame] = []
         self.functions: list[Scope] = []
         self.name_loads: dict[str, list[tuple[int, cst.CSTNode, Scope]]] = {}
+        self._calls_by_func: Optional[dict[str, list[CallSite]]] = None
         self.class_attrs: dict[str, dict[str, list[Binding]]] = {}
         self.module_scope = Scope("module", "<module>", module, None)
         self._call_by_node: dict[int, CallSite] = {}
@@ -197,6 +198,34 @@ class FileFacts(ExpressionValues):
         if scope is not None:
             uses = [u for u in uses if self._same_namespace(u[2], scope, key)]
         return uses
+
+    def next_use(self, key: str, order: int, scope: Scope) -> Optional[cst.CSTNode]:
+        """The first load of ``key`` after ``order`` in ``scope`` that still reads the binding live at ``order``
+        (where an unchanged value is used next: ``x.to(dev)`` ... ``model(x)``)."""
+        binding = self.binding_at(key, order, scope)
+        for at, node, where in self.loads_of(key, order, scope):
+            if where is scope and self.binding_at(key, at, scope) is binding:
+                return node
+        return None
+
+    def calls_of_value(self, value_node: cst.CSTNode) -> list[CallSite]:
+        """Calls of a name bound to ``value_node`` while it still holds it (``loss_fn = nn.CrossEntropyLoss(...)``
+        ... ``loss_fn(logits, y)``), in source order."""
+        found = []
+        for binding in self._bindings_of_value(value_node):
+            for site in self._calls_by_func_key().get(binding.key, ()):
+                if site.order > binding.order and self.binding_at(binding.key, site.order, site.scope) is binding:
+                    found.append(site)
+        return sorted(found, key=lambda c: c.order)
+
+    def _calls_by_func_key(self) -> dict[str, list[CallSite]]:
+        if self._calls_by_func is None:
+            self._calls_by_func = {}
+            for site in self.calls:
+                key = name_key(site.node.func)
+                if key is not None:
+                    self._calls_by_func.setdefault(key, []).append(site)
+        return self._calls_by_func
 
     @property
     def launch_hints(self) -> list[str]:

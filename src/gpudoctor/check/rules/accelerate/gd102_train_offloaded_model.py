@@ -58,4 +58,5 @@ class TrainOffloadedModel(Rule):
                     "(more GPUs, 8/4-bit quantization, a smaller model), or put LoRA only on modules that stay on a GPU."
                 ),
                 severity=Severity.ERROR if certain else Severity.WARNING,
+                related=((source.node, "the model is loaded with offload here"),) if source.node is not None else (),
             )

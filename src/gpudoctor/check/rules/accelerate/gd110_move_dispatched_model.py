@@ -58,7 +58,8 @@ class MoveDispatchedModel(Rule):
             device_map = source.trait(TRAIT_DISPATCHED)
             offload = source.trait(TRAIT_OFFLOADED)
             certain_offload = offload is not None and device_map.strategy == "explicit"
-            placed = snippet(facts, source.trait("dispatch_call") or source.node)
+            dispatch = source.trait("dispatch_call") or source.node
+            placed = snippet(facts, dispatch)
             call_text = snippet(facts, site.node)
             if offload is not None:
                 if wrapped:
@@ -94,4 +95,5 @@ class MoveDispatchedModel(Rule):
                 "`dtype=...`), or `accelerate.hooks.remove_hook_from_module(model, recurse=True)` before moving a "
                 "model that has no offload.",
                 severity=severity,
+                related=((dispatch, "the model is dispatched here"),),
             )

@@ -33,7 +33,8 @@ class DataParallelDispatchedModel(Rule):
                 where = f"it is partly offloaded ({offload})"
             else:
                 where = "an automatic map spreads it over all GPUs when there are several"
-            placed = snippet(facts, value.trait("dispatch_call") or value.origin().node or module)
+            dispatch = value.trait("dispatch_call") or value.origin().node or module
+            placed = snippet(facts, dispatch)
             yield self.report(
                 site.node,
                 f"`{snippet(facts, site.node)}` wraps a model dispatched by `{placed}`; {where}. DataParallel "
@@ -44,4 +45,5 @@ class DataParallelDispatchedModel(Rule):
                 "process). For data parallelism load one full copy per process "
                 "(`device_map={\"\": PartialState().process_index}`) and launch with `accelerate launch`/`torchrun`.",
                 severity=Severity.ERROR if certain or offload else Severity.WARNING,
+                related=((dispatch, "the model is dispatched here"),),
             )

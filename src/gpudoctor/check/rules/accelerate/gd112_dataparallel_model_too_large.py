@@ -73,6 +73,7 @@ class DataParallelModelTooLarge(Rule):
                 fix_hint="Split the model instead of replicating it: LoRA (peft) on a single GPU or `device_map=\"auto\"` "
                 "in one process, or shard it with FSDP/DeepSpeed ZeRO via `accelerate launch`.",
                 severity=severity,
+                related=((origin.node, "the model is loaded here"),),
             )
 
     @staticmethod

@@ -59,6 +59,7 @@ class PadEosLmCollator(Rule):
                     "yourself with -100 where `attention_mask == 0` and pad with `DataCollatorForSeq2Seq`."
                 ),
                 severity=severity,
+                related=((node, "padding is made the end-of-sequence token here"),),
             )
 
     @staticmethod

@@ -79,4 +79,5 @@ class CastBeforeDispatchWithoutDtype(Rule):
                 "(the cast before it is then unnecessary).",
                 severity=severity,
                 fix=fix,
+                related=((cast_node, "the empty model is cast here"),),
             )

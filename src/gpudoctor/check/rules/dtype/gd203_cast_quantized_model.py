@@ -98,6 +98,7 @@ class CastQuantizedModel(Rule):
                 fix_hint="Use the quantized model as loaded: choose the compute dtype at load time "
                 "(`dtype=...`, `bnb_4bit_compute_dtype=...`) and the placement with `device_map=`.",
                 severity=Severity.ERROR,
+                related=((load, "the model is loaded quantized here"),),
             )
 
     @staticmethod

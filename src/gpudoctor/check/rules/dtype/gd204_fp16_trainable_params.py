@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import re
+
+import libcst as cst
 from typing import Optional
 
 from gpudoctor.check import apis
@@ -47,9 +49,10 @@ class Fp16TrainableParams(Rule):
     triggers = ("fp16", "GradScaler")
 
     def check(self, facts: FileFacts):
-        amp = self._amp(facts)
-        if amp is None:
+        found = self._amp(facts)
+        if found is None:
             return
+        amp, amp_node = found
         if facts.calls_to(*apis.PASSTHROUGH) or self._upcast_loop(facts):
             return  # trainable params are upcast to float32 (prepare_model_for_kbit_training or by hand)
         seen: set[int] = set()
@@ -85,20 +88,22 @@ class Fp16TrainableParams(Rule):
                 fix_hint="Load the weights in float32 and let fp16 autocast do the rest, use bf16, or upcast the "
                 "trainable parameters: `for p in model.parameters(): if p.requires_grad: p.data = p.data.float()`.",
                 severity=Severity.ERROR,
+                related=((fp16.node, "the weights are loaded in float16 here"), (amp_node, "fp16 AMP is turned on here")),
             )
 
     @staticmethod
-    def _amp(facts: FileFacts) -> Optional[str]:
+    def _amp(facts: FileFacts) -> Optional[tuple[str, cst.CSTNode]]:
+        """How the file turns on fp16 AMP with a GradScaler, and where."""
         for site in facts.calls_to(*apis.TRAINING_ARGS):
             if is_true(call_arg(site.node, keyword="fp16")):
-                return f"`{snippet(facts, site.node.func)}(fp16=True)` turns on fp16 AMP with a GradScaler"
+                return f"`{snippet(facts, site.node.func)}(fp16=True)` turns on fp16 AMP with a GradScaler", site.node
         for site in facts.calls_to(*apis.ACCELERATOR):
             if string_value(call_arg(site.node, keyword="mixed_precision")) == "fp16":
-                return f"`{snippet(facts, site.node.func)}(mixed_precision=\"fp16\")` unscales gradients with a GradScaler"
+                return f"`{snippet(facts, site.node.func)}(mixed_precision=\"fp16\")` unscales gradients with a GradScaler", site.node
         for site in facts.calls_to(*apis.GRAD_SCALER):
             enabled = call_arg(site.node, keyword="enabled")
             if enabled is None or is_true(enabled):
-                return f"`{snippet(facts, site.node)}` unscales the gradients"
+                return f"`{snippet(facts, site.node)}` unscales the gradients", site.node
         return None
 
     @staticmethod

@@ -52,6 +52,7 @@ class ZeroGradMissing(Rule):
                 "the gradients are never zeroed (no `zero_grad()` anywhere in the file): backward() adds to `.grad`, "
                 "so every update uses the sum of all gradients since the start and training diverges.",
                 fix_hint="Call `optimizer.zero_grad()` after `optimizer.step()` (or at the start of each iteration).",
+                related=((backward.node, "each backward adds to the gradients here"),),
             )
 
     @staticmethod

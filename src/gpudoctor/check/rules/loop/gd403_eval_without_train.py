@@ -73,6 +73,7 @@ class EvalWithoutTrain(Rule):
                     "calls `.train()` again: every later training step runs in eval mode (dropout off, batch-norm "
                     "statistics frozen, and gradient checkpointing in transformers models skipped).",
                     fix_hint=f"Call `{key}.train()` at the start of each training epoch/step, or after the evaluation.",
+                    related=((site.node, "the model is switched to eval mode here"),) if via is not None else (),
                 )
 
     @staticmethod

@@ -104,6 +104,7 @@ class AccumulatedLossNotScaled(Rule):
                 f"only when `{snippet(facts, guard.test)}`, but the loss is not divided by the number of accumulation "
                 f"steps: the update uses the sum of the micro-batch gradients, N times the mean: {effect}.",
                 fix_hint="Divide the loss by the number of accumulation steps before backward(): `(loss / accum_steps).backward()`.",
+                related=((step.node, "the summed gradients are applied here"),),
             )
 
     @staticmethod

@@ -55,6 +55,7 @@ class ClipScaledGradients(Rule):
                 "update by the loss scale and the model barely trains.",
                 fix_hint=f"Call `{key}.unscale_(optimizer)` right before clipping (once per optimizer step).",
                 severity=severity,
+                related=((backward.node, "the scaled gradients are produced here"),),
             )
 
     @staticmethod

@@ -39,4 +39,5 @@ class CheckpointingWithoutTrain(Rule):
                 "checkpoint when `self.training` is true, so no activation is recomputed (no memory saved, OOM risk) "
                 "and dropout is off during training.",
                 fix_hint="Call `model.train()` before the training loop.",
+                related=((backward.node, "training runs here with the model still in eval mode"),),
             )

@@ -103,6 +103,7 @@ class FullFinetuneExceedsGpu(Rule):
                 fix_hint="Train adapters instead (peft LoRA, QLoRA with 4-bit weights), use an 8-bit/paged optimizer, "
                 "or shard weights, gradients and optimizer state over the GPUs (DeepSpeed ZeRO-3 / FSDP, with CPU offload "
                 "when even that is short).",
+                related=((origin.node, "the model is loaded here"),),
             )
 
     @staticmethod

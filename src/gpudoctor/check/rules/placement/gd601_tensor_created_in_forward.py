@@ -55,6 +55,7 @@ class TensorCreatedInForward(Rule):
             "tensors created while running).",
             fix_hint="Create it where the data is: add `device=x.device` (and `dtype=x.dtype` if needed), "
             "or use `torch.zeros_like(x)` / `x.new_zeros(...)`.",
+            related=((use, "it meets the inputs or weights here"),),
         )
 
     def _in_helpers(self, facts: FileFacts, class_name: str, forward: Scope):

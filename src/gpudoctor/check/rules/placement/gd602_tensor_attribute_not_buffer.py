@@ -73,6 +73,7 @@ class TensorAttributeNotBuffer(Rule):
                     "cpu!\"). It is also missing from `state_dict()`.",
                     fix_hint=f"`self.register_buffer(\"{attr}\", {snippet(facts, binding.value, 40)}, persistent=False)` "
                     "(drop `persistent=False` to save it in checkpoints).",
+                    related=((use, f"`{where}` mixes `{key}` with the input's device here"),),
                 )
 
 

@@ -82,6 +82,10 @@ class LossWeightOnCpu(Rule):
                 else:
                     why, severity = "once the model and the batch are on an accelerator", Severity.WARNING
                 made = "" if cpu is weight else f" by `{snippet(facts, cpu, 40)}`"
+                related = [] if cpu is weight else [(cpu, "the weight is made here, on the CPU")]
+                first_call = next(iter(facts.calls_of_value(site.node)), None) if q in _LOSS_MODULES else None
+                if first_call is not None:
+                    related.append((first_call.node, "the loss meets the accelerator logits here"))
                 yield self.report(
                     weight,
                     f"`{keyword}={snippet(facts, weight, 40)}` is created on the CPU{made} and "
@@ -91,6 +95,7 @@ class LossWeightOnCpu(Rule):
                     fix_hint="Create the weight on the logits' device (`torch.tensor([...], device=logits.device)`) or "
                     "move the criterion with the model (`criterion.to(device)`; its weight is a buffer).",
                     severity=severity,
+                    related=tuple(related),
                 )
 
     def _trainer_classes(self, facts: FileFacts) -> set[str]:

@@ -4,7 +4,7 @@ from typing import Optional
 
 import libcst as cst
 
-from gpudoctor.check.facts import FileFacts, Scope
+from gpudoctor.check.facts import FileFacts, Scope, name_key
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
@@ -37,6 +37,8 @@ class TensorToResultDiscarded(Rule):
             if facts.value(site.receiver, site.order, site.scope).kind == "model":
                 continue
             target = snippet(facts, site.receiver, 40)
+            key = name_key(site.receiver)
+            use = facts.next_use(key, site.order, site.scope) if key is not None else None
             yield self.report(
                 site.node,
                 f"`{snippet(facts, site.node, 60)}` discards its result: `{target}` is a tensor ({why}), and "
@@ -44,6 +46,7 @@ class TensorToResultDiscarded(Rule):
                 f"moves itself). `{target}` stays where it was, which surfaces later as \"Expected all tensors to be "
                 "on the same device\" or as work silently done on the CPU.",
                 fix_hint=f"Assign the result: `{target} = {snippet(facts, site.node, 60)}`.",
+                related=((use, f"`{target}` is used here, still where it was"),) if use is not None else (),
             )
 
     def _loop_item_used_as_tensor(self, facts: FileFacts, site) -> Optional[str]:

@@ -63,6 +63,7 @@ class OptimizerStateLoadedBeforeMove(Rule):
                 f"`{opt_key}.load_state_dict(...)`; or call `{opt_key}.load_state_dict({opt_key}.state_dict())` after "
                 "the move to re-place the state.",
                 severity=severity,
+                related=((move.node, "the parameters move here, the restored state does not"),),
             )
 
     def _later_move(self, facts: FileFacts, model_key: str, load: CallSite, origin) -> Optional[CallSite]:

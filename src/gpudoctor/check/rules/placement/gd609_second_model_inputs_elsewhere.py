@@ -54,6 +54,7 @@ class SecondModelInputsElsewhere(Rule):
                     fix_hint=f"Place `{b_key}` too (`{b_key}.to(device)`, `device_map=`, or pass it to the trainer / "
                     "`accelerator.prepare`), or send its own inputs to its device.",
                     severity=severity,
+                    related=((move_call, "its input is placed here"),),
                 )
                 break
 
