@@ -504,6 +504,9 @@ class FileFacts(ExpressionValues):
                     return self._loaded_model(call, owner, method, order, scope, context)
                 if method == "from_pretrained" and "Tokenizer" in owner:
                     return Value("tokenizer", call)
+            diffusers_load = apis.diffusers_model_load(q)
+            if diffusers_load:
+                return self._loaded_model(call, *diffusers_load, order, scope, context)
         if isinstance(call.func, cst.Attribute):
             method = call.func.attr.value
             receiver = call.func.value
