@@ -298,6 +298,18 @@ class FileFacts(ExpressionValues):
                 current = current.parent  # class bodies are not enclosing scopes for methods
         return None
 
+    def attribute_store(self, node: Optional[cst.CSTNode], order: int, scope: Scope) -> Optional[AttributeAssignSite]:
+        """The last ``args.max_train_steps = ...`` before ``order`` that stores the attribute path ``node`` reads
+        (a dotted path on a plain name, not ``self.x``, which is a binding), in ``scope`` or at module level."""
+        path = dotted(node) if isinstance(node, cst.Attribute) else None
+        if path is None or path.startswith("self."):
+            return None
+        stores = [
+            a for a in self.attribute_assigns
+            if a.order < order and (a.scope is scope or a.scope is self.module_scope) and dotted(a.target) == path
+        ]
+        return max(stores, key=lambda a: a.order) if stores else None
+
     def assignment_of(self, node: Optional[cst.CSTNode], order: int, scope: Scope) -> Optional[Binding]:
         """The plain ``name = value`` (or ``self.x = value``) that ``node`` refers to at ``order``; None for
         anything else (a parameter, a loop target, an unpacking, an unknown name)."""

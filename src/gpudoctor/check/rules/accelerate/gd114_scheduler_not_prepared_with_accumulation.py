@@ -130,4 +130,9 @@ def _counts_updates(facts: FileFacts, expr: cst.BaseExpression, order: int, scop
             if binding is not None and binding.value is not None and binding.value is not expr:
                 if _counts_updates(facts, binding.value, binding.order, binding.scope, steps_node, depth + 1):
                     return True
+        elif isinstance(node, cst.Attribute):  # ``args.max_train_steps = epochs * updates_per_epoch`` (no_trainer)
+            store = facts.attribute_store(node, order, scope)
+            if store is not None and store.value is not expr:
+                if _counts_updates(facts, store.value, store.order, store.scope, steps_node, depth + 1):
+                    return True
     return False

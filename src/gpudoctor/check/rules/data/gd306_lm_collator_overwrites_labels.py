@@ -53,10 +53,19 @@ class LmCollatorOverwritesLabels(Rule):
 
     @staticmethod
     def _masked_label_stores(facts: FileFacts) -> Iterator[tuple[cst.CSTNode, cst.BaseExpression]]:
-        """(node to show, label value) for `{"labels": v}` / `enc["labels"] = v` whose value masks."""
+        """(node to show, label value) for `{"labels": v}` / `enc["labels"] = v` / `dict(labels=v)` whose value
+        masks."""
         stores = [(e.element, e.value, e.order, e.scope) for e in facts.dict_entries if e.key == "labels"]
         stores += [
             (s.target, s.value, s.order, s.scope) for s in facts.subscript_assigns if subscript_key(s.target) == "labels"
+        ]
+        # ``dict(input_ids=ids, labels=[-100] * len(src) + tgt)`` (the builtin, not shadowed by the file)
+        stores += [
+            (arg, arg.value, s.order, s.scope)
+            for s in facts.calls
+            if isinstance(s.node.func, cst.Name) and s.node.func.value == "dict" and s.qualname is None
+            and facts.binding_at("dict", s.order, s.scope) is None
+            for arg in s.node.args if arg.keyword is not None and arg.keyword.value == "labels"
         ]
         for node, value, order, scope in stores:
             if _masks(facts, value, order, scope):
