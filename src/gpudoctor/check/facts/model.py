@@ -9,7 +9,8 @@ from typing import Any, Iterator, Optional
 import libcst as cst
 
 from gpudoctor.check import apis
-from gpudoctor.check.facts.lattice import ExpressionValues
+from gpudoctor.check.facts.dicts import DictContentsQueries
+from gpudoctor.check.facts.lattice import DIFFUSION_PIPELINE, ExpressionValues
 from gpudoctor.check.facts.nodes import (
     call_arg,
     dotted,
@@ -69,7 +70,7 @@ _MEMORY_SHORT_HINT = re.compile(
 )
 
 
-class FileFacts(ExpressionValues):
+class FileFacts(DictContentsQueries, ExpressionValues):
     """Facts about one module. Build with :func:`collect`."""
 
     def __init__(self, module: cst.Module, source: str, path: str = "<string>") -> None:
@@ -449,22 +450,9 @@ class FileFacts(ExpressionValues):
                 continue
             if site.qualname in apis.DISPATCH:
                 value = self._dispatched(value, site)
-            elif value.kind == "model" and site.method in apis.MODULE_MOVES | apis.MODULE_CASTS:
+            elif value.kind in ("model", DIFFUSION_PIPELINE) and site.method in apis.MODULE_MOVES | apis.MODULE_CASTS:
                 value = self._moved_or_cast(value, site)
         return value
-
-    def key_removed(self, base_key: str, key: str, after: int, before: int, scope: Scope) -> bool:
-        """Entry ``key`` of the dict bound to ``base_key`` is removed (``del d[key]``, ``d.pop(key)``) between
-        ``after`` and ``before``, in a function that sees the same binding as ``scope``."""
-        for deletion in self.key_deletions:
-            if deletion.base_key == base_key and deletion.key == key and after < deletion.order < before \
-                    and self._same_namespace(deletion.scope, scope, base_key):
-                return True
-        for site in self.calls:
-            if site.method == "pop" and name_key(site.receiver) == base_key and after < site.order < before \
-                    and string_value(site.arg(0)) == key and self._same_namespace(site.scope, scope, base_key):
-                return True
-        return False
 
     def _same_namespace(self, a: Scope, b: Scope, key: str) -> bool:
         if a is b:
@@ -509,6 +497,8 @@ class FileFacts(ExpressionValues):
                 return Value("optimizer", call)
             if apis.is_scheduler(q):
                 return Value("scheduler", call)
+            if apis.is_diffusion_pipeline_load(q):
+                return self._loaded_pipeline(call, order, scope)
             owner_method = apis.hf_class_method(q)
             if owner_method:
                 owner, method = owner_method
@@ -524,7 +514,7 @@ class FileFacts(ExpressionValues):
             receiver = call.func.value
             if method in apis.MODULE_MOVES | apis.MODULE_CASTS:
                 base = self.value(receiver, order, scope)
-                if base.kind == "model" and site is not None:
+                if base.kind in ("model", DIFFUSION_PIPELINE) and site is not None:
                     return self._moved_or_cast(base, site)
                 if base.kind == "unknown":
                     return UNKNOWN  # a tensor, a module, a batch: ``.to()`` says nothing about which
@@ -538,58 +528,22 @@ class FileFacts(ExpressionValues):
                 return Value("tuple", call, {"items": items, "at": (order, scope), TRAIT_PREPARED: site})
         return self._evaluate_other_call(call, q, order, scope, site)
 
-    def _kwargs_dicts(self, call: cst.Call, order: int, scope: Scope) -> Iterator[tuple[str, Binding]]:
-        """(name, its assignment) for each ``**name`` argument of ``call``."""
-        for arg in call.args:
-            key = name_key(arg.value) if arg.star == "**" else None
-            binding = self.binding_at(key, order, scope) if key is not None else None
-            for _ in range(3):  # ``kwargs = base_kwargs``: the dict it names
-                if binding is None or binding.kind != "assign" or not isinstance(binding.value, cst.Name):
-                    break
-                key = binding.value.value
-                binding = self.binding_at(key, binding.order, binding.scope)
-            if binding is not None and binding.kind == "assign":
-                yield key, binding
-
-    def keyword_argument(self, call: cst.Call, keyword: str, order: int, scope: Scope) -> Optional[cst.BaseExpression]:
-        """``call``'s ``keyword=`` argument, also when it comes in ``**kwargs`` from a dict the file builds:
-        ``kwargs = {"device_map": "auto"}`` or ``kwargs["device_map"] = "auto"`` before the call."""
-        found = call_arg(call, keyword=keyword)
-        if found is not None:
-            return found
-        for arg in call.args:  # ``**{"device_map": "auto"}``, ``**dict(device_map="auto")`` written in place
-            if arg.star == "**":
-                found = _literal_dict_entry(arg.value, keyword)
-                if found is not None:
-                    return found
-        for key, binding in self._kwargs_dicts(call, order, scope):
-            found = _literal_dict_entry(binding.value, keyword)
-            for site in self.subscript_assigns:
-                if site.base_key == key and binding.order < site.order < order and len(site.target.slice) == 1:
-                    index = site.target.slice[0].slice
-                    if isinstance(index, cst.Index) and string_value(index.value) == keyword:
-                        found = site.value
-            if found is not None:
-                return found
-        return None
-
     def keyword_conditions(self, call: cst.Call, order: int, scope: Scope) -> frozenset[str]:
         """The names that decide what ``call``'s ``**kwargs`` dict holds: the parameters its values come from
         (``{"device_map": device_map}``) and the tests of the ``if`` around ``kwargs["k"] = v``. Code guarded by
         a test of one of them (``if device_map is None: model.to(device)``) is on another path."""
         names: set[str] = set()
-        for key, binding in self._kwargs_dicts(call, order, scope):
-            if isinstance(binding.value, cst.Dict):
-                for element in binding.value.elements:
-                    if isinstance(element, cst.DictElement) and isinstance(element.value, cst.Name):
-                        source = self.binding_at(element.value.value, binding.order, binding.scope)
-                        if source is not None and source.kind == "param":
-                            names.add(element.value.value)
-            for site in self.subscript_assigns:
-                if site.base_key == key and binding.order < site.order < order:
-                    for frame in site.context:
-                        if isinstance(frame, IfFrame):
-                            names.update(n.value for n in walk(frame.test) if isinstance(n, cst.Name))
+        for contents in self.kwargs_contents(call, order, scope):
+            if not contents.bindings:
+                continue  # ``**{"device_map": device_map}`` written in place: as explicit as a keyword
+            for entry in contents.entries.values():
+                if entry.how == "display" and isinstance(entry.value, cst.Name):
+                    source = self.binding_at(entry.value.value, entry.order, entry.scope)
+                    if source is not None and source.kind == "param":
+                        names.add(entry.value.value)
+                for frame in entry.context:
+                    if isinstance(frame, IfFrame):
+                        names.update(n.value for n in walk(frame.test) if isinstance(n, cst.Name))
         return frozenset(names)
 
     def on_another_path(self, value: Value, context: tuple) -> bool:
@@ -627,6 +581,31 @@ class FileFacts(ExpressionValues):
         if conditions:
             traits["kwargs_conditions"] = conditions
         return Value("model", call, traits)
+
+    def _loaded_pipeline(self, call: cst.Call, order: int, scope: Scope) -> Value:
+        """A diffusers pipeline; ``torch_dtype=torch.float16`` loads every component in float16."""
+        dtype = self.keyword_argument(call, "torch_dtype", order, scope) or self.keyword_argument(call, "dtype", order, scope)
+        fp16 = dtype is not None and self.qualname(dtype) in ("torch.float16", "torch.half")
+        return Value(DIFFUSION_PIPELINE, call, {TRAIT_FP16: dtype} if fp16 else {})
+
+    def _pipeline_component(self, node: cst.Attribute, pipeline: Value, order: int, scope: Scope) -> Value:
+        """``pipe.unet``: a module of the pipeline, with the pipeline's latest dtype and move (``pipe.to(...)``,
+        ``torch_dtype=``) and then what the file does to ``pipe.unet`` itself before ``order``."""
+        chain: list[Value] = []
+        current: Optional[Value] = pipeline
+        while current is not None:
+            chain.append(current)
+            current = current.base
+        component = Value("model", node, {"component": node.attr.value, "component_of": pipeline.node})
+        for step in reversed(chain):  # oldest first: the latest dtype stays the latest
+            carried = {k: v for k, v in step.traits.items() if k in (TRAIT_CAST, TRAIT_FP16, TRAIT_MOVED)}
+            if carried:
+                component = component.derive(step.node, **carried)
+        owner = name_key(node.value)
+        binding = self.binding_at(owner, order, scope) if owner is not None else None
+        if binding is None:
+            return component
+        return self._apply_mutations(f"{owner}.{node.attr.value}", component, binding, order, scope)
 
     def _conditional_names(self, node, order: int, scope: Scope) -> frozenset[str]:
         """The names tested by a conditional expression that decides a loading kwarg
@@ -784,15 +763,3 @@ def _article(qualname: str) -> str:
     return "an" if qualname.split(".")[-1][:1] in "AEIOU" else "a"
 
 
-def _literal_dict_entry(node: cst.CSTNode, keyword: str) -> Optional[cst.BaseExpression]:
-    """The value of ``keyword`` in a dict display (the last entry wins, as in Python) or a ``dict(k=v)``
-    call; None otherwise."""
-    if isinstance(node, cst.Dict):
-        found = None
-        for element in node.elements:
-            if isinstance(element, cst.DictElement) and string_value(element.key) == keyword:
-                found = element.value
-        return found
-    elif isinstance(node, cst.Call) and dotted(node.func) == "dict":
-        return call_arg(node, keyword=keyword)
-    return None

@@ -4,7 +4,7 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from gpudoctor.check.facts import TRAIT_PREPARED, CallSite, FileFacts, call_arg, name_key, string_value
+from gpudoctor.check.facts import TRAIT_PREPARED, CallSite, FileFacts, call_arg, string_value
 from gpudoctor.check.queries import multi_process_severity, snippet
 from gpudoctor.check.rule import Rule
 
@@ -86,11 +86,9 @@ class WrappedStateDictLoadedUnwrapped(Rule):
                 if isinstance(element, cst.DictElement):
                     yield from self._state_dict_calls(facts, element.value, save, (*keys, string_value(element.key)))
         else:
-            key = name_key(obj)
-            if key is not None:
-                binding = facts.binding_at(key, save.order, save.scope)
-                if binding is not None and binding.kind == "assign" and binding.value is not None and binding.value is not obj:
-                    yield from self._state_dict_calls(facts, binding.value, save, keys)
+            for value, _order, _scope in facts.follow_name(obj, save.order, save.scope, params=False, attributes=True) or ():
+                if value is not obj:
+                    yield from self._state_dict_calls(facts, value, save, keys)
 
     def _loaded_path(self, facts: FileFacts, load: CallSite) -> Optional[tuple[str, tuple]]:
         """(the path ``torch.load`` read, the checkpoint keys the loaded state dict sits under):
@@ -110,13 +108,10 @@ class WrappedStateDictLoadedUnwrapped(Rule):
             if isinstance(arg, cst.Call) and facts.qualname(arg.func) == "torch.load":
                 path = call_arg(arg, 0, "f")
                 return (self._path_text(facts, path), keys) if path is not None else None
-            key = name_key(arg)
-            if key is None:
+            sources = facts.follow_name(arg, order, scope, params=False, attributes=True)
+            if not sources:
                 return None
-            binding = facts.binding_at(key, order, scope)
-            if binding is None or binding.kind != "assign":
-                return None
-            arg, order, scope = binding.value, binding.order, binding.scope
+            [(arg, order, scope)] = sources  # a plain assignment: one source
         return None
 
     @staticmethod
