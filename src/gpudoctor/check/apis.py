@@ -125,6 +125,19 @@ def hf_class_method(qualname: str) -> tuple[str, str] | None:
     return None
 
 
+def diffusers_model_load(qualname: str) -> tuple[str, str] | None:
+    """``diffusers.UNet2DConditionModel.from_pretrained`` (also through a deep module path) -> (class, method):
+    diffusers' model classes (``*Model``, ``Autoencoder*``: ``ModelMixin``, a ``torch.nn.Module``) loaded from a
+    checkpoint. Pipelines (``*Pipeline``) hold several models and are not one."""
+    parts = qualname.split(".")
+    if parts[0] != "diffusers" or len(parts) < 3 or parts[-1] not in ("from_pretrained", "from_single_file"):
+        return None
+    owner = parts[-2]
+    if owner[:1].isupper() and (owner.endswith("Model") or owner.startswith("Autoencoder")):
+        return owner, parts[-1]
+    return None
+
+
 def is_model_class(name: str) -> bool:
     return bool(_MODEL_CLASS.match(name)) and not name.endswith(_NON_MODEL_SUFFIXES)
 
