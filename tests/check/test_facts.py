@@ -342,6 +342,10 @@ def test_snippets_pass_the_prefilter_and_say_what_they_assumed():
     assert is_relevant(snippet)
     assert is_relevant(b"x = torch.ones(3)\n")
     assert not is_relevant(b"import os\nnn = 3\nprint(Adam)\n")  # generic names alone do not count
+    # A cell that only trains what earlier cells built names no library: autograd-only methods count.
+    assert is_relevant(b"for x, y in trainloader:\n    loss = criterion(net(x), y)\n    loss.backward()\n")
+    assert is_relevant(b"net.cuda()\n") and is_relevant(b"opt.zero_grad(set_to_none=True)\n")
+    assert not is_relevant(b"import os\nstep = walker.backward\n")  # an attribute, not the autograd call
     [finding] = check_source(snippet.decode(), "cell.py", rules=all_rules())
     assert finding.code == "GD110" and "Assumed `AutoModelForCausalLM` as `transformers.AutoModelForCausalLM`" in finding.message
 
@@ -425,3 +429,22 @@ def test_calls_of_a_value_follow_its_name_while_it_holds_it():
     first = calls_named(facts, "CrossEntropyLoss")[0]
     calls = facts.calls_of_value(first.node)
     assert [facts.module.code_for_node(c.node) for c in calls] == ["loss_fn(p, y)", "loss_fn(q, y)"]
+
+
+def test_snippet_loader_assumed_from_its_conventional_name():
+    facts = facts_of(
+        """
+        for i, data in enumerate(trainloader, 0):
+            inputs, labels = data
+            probe(inputs)
+        for batch in train_loader:
+            probe2(batch)
+        val_loader.reset()
+        for batch in val_loader:
+            probe3(batch)
+        """
+    )
+    assert kind_at(facts, "probe") == "tensor"
+    assert kind_at(facts, "probe2") == "batch"
+    assert kind_at(facts, "probe3") == "unknown"  # used with a member no DataLoader has: not assumed
+    assert facts.assumed_instances == {"trainloader": "torch.utils.data.DataLoader", "train_loader": "torch.utils.data.DataLoader"}

@@ -218,7 +218,8 @@ class InstanceProfile:
     The name is assumed to be that object when it is used with the object's members: for a ``conventional``
     name one ``distinctive`` or ``common`` member is enough, any other name needs two ``distinctive`` ones.
     With ``members`` (the whole public API) a name also used with anything else is not assumed
-    (``scaler.transform(...)`` is scikit-learn's)."""
+    (``scaler.transform(...)`` is scikit-learn's). ``by_name``: an object used by iterating it rather than
+    through members (a snippet's ``for data in trainloader``) is assumed from a ``conventional`` name alone."""
 
     kind: str  # the value kind (facts.Value.kind)
     qualname: str
@@ -226,6 +227,7 @@ class InstanceProfile:
     distinctive: frozenset
     common: frozenset = frozenset()
     members: Optional[frozenset] = None
+    by_name: bool = False
 
 
 INSTANCE_PROFILES = (
@@ -255,6 +257,26 @@ INSTANCE_PROFILES = (
             "state_dict", "step", "unscale_", "update",
         }),
     ),
+    # The CIFAR-10 tutorial's ``for i, data in enumerate(trainloader, 0)`` pasted as a cell without the cell that
+    # built ``trainloader``: the names torch's tutorials and most posts give a DataLoader. A name also used with
+    # anything but a DataLoader attribute (``train_loader.next_batch()``) is not assumed.
+    InstanceProfile(
+        "dataloader",
+        "torch.utils.data.DataLoader",
+        conventional=frozenset({
+            "trainloader", "testloader", "valloader", "validloader", "evalloader",
+            "train_loader", "test_loader", "val_loader", "valid_loader", "eval_loader", "dev_loader",
+            "dataloader", "data_loader", "train_dataloader", "test_dataloader", "val_dataloader",
+            "valid_dataloader", "eval_dataloader", "train_dl", "test_dl", "val_dl", "valid_dl", "eval_dl",
+        }),
+        distinctive=frozenset(),
+        members=frozenset({
+            "dataset", "batch_size", "sampler", "batch_sampler", "num_workers", "collate_fn", "pin_memory",
+            "drop_last", "timeout", "worker_init_fn", "generator", "prefetch_factor", "persistent_workers",
+            "multiprocessing_context", "pin_memory_device", "in_order",
+        }),
+        by_name=True,
+    ),
 )
 
 
@@ -267,6 +289,8 @@ def instance_profile(name: str, members: set) -> Optional[InstanceProfile]:
         distinctive = members & profile.distinctive
         if len(distinctive) >= 2 or (name in profile.conventional and (distinctive or members & profile.common)):
             return profile
+        if profile.by_name and name in profile.conventional:
+            return profile
     return None
 
 # The prefilter for files that import none of the libraries: a snippet still counts when it uses ``torch.``
@@ -278,8 +302,12 @@ _SNIPPET_NAMES = sorted(
 _INSTANCE_USE = "|".join(
     "(?:" + "|".join(sorted(p.conventional)) + r")\.(?:" + "|".join(sorted(p.distinctive | p.common)) + ")"
     for p in INSTANCE_PROFILES
+    if p.distinctive | p.common
 )
+# A cell that only trains what earlier cells built (``net.cuda()``, ``optimizer.zero_grad()``, ``loss.backward()``)
+# names no library at all: methods only autograd tensors, modules and optimizers have count too.
 SNIPPET_USE = re.compile(
     rb"\btorch\.[a-z]|(?<![\w.])(?:" + "|".join(_SNIPPET_NAMES).encode() + rb")\s*[(.]"
     + rb"|(?<![\w.])(?:self\.)?(?:" + _INSTANCE_USE.encode() + rb")\b"
+    + rb"|\w\.(?:zero_grad|backward|cuda)\(\s*[)\w]"
 )
