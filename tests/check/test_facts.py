@@ -346,6 +346,8 @@ def test_snippets_pass_the_prefilter_and_say_what_they_assumed():
     assert is_relevant(b"for x, y in trainloader:\n    loss = criterion(net(x), y)\n    loss.backward()\n")
     assert is_relevant(b"net.cuda()\n") and is_relevant(b"opt.zero_grad(set_to_none=True)\n")
     assert not is_relevant(b"import os\nstep = walker.backward\n")  # an attribute, not the autograd call
+    assert is_relevant(b"model.eval()\nfor x, y in val_loader:\n    out = model(x.to(device))\n")
+    assert not is_relevant(b"import pandas as pd\ndf.eval('c = a + b')\n")
     [finding] = check_source(snippet.decode(), "cell.py", rules=all_rules())
     assert finding.code == "GD110" and "Assumed `AutoModelForCausalLM` as `transformers.AutoModelForCausalLM`" in finding.message
 
@@ -448,3 +450,29 @@ def test_snippet_loader_assumed_from_its_conventional_name():
     assert kind_at(facts, "probe2") == "batch"
     assert kind_at(facts, "probe3") == "unknown"  # used with a member no DataLoader has: not assumed
     assert facts.assumed_instances == {"trainloader": "torch.utils.data.DataLoader", "train_loader": "torch.utils.data.DataLoader"}
+
+
+def test_star_imports_of_torch_bind_only_what_torch_exports():
+    facts = facts_of(
+        """
+        from torch import *
+        from torch.nn import *
+
+        w = tensor([1.0, 3.0])
+        loss_fn = CrossEntropyLoss(weight=w)
+        probe(w)
+        probe2(cuda)
+        """
+    )
+    assert kind_at(facts, "probe") == "tensor"
+    assert facts.qualname(calls_named(facts, "probe2")[0].node.args[0].value) is None  # torch.__all__ has no `cuda`
+    assert facts.qualname(calls_named(facts, "CrossEntropyLoss")[0].node.func) == "torch.nn.CrossEntropyLoss"
+    later = facts_of(
+        """
+        from torch import *
+        from numpy import *
+
+        probe(zeros(3))
+        """
+    )
+    assert kind_at(later, "probe") == "unknown"  # numpy's star import may bind `zeros` after torch's
