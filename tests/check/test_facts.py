@@ -476,3 +476,21 @@ def test_star_imports_of_torch_bind_only_what_torch_exports():
         """
     )
     assert kind_at(later, "probe") == "unknown"  # numpy's star import may bind `zeros` after torch's
+
+
+def test_vision_model_builders_are_models():
+    facts = facts_of(
+        """
+        import timm
+        import torchvision
+        from torchvision import models
+
+        probe(torchvision.models.resnet18(num_classes=10))
+        probe2(models.detection.fasterrcnn_resnet50_fpn())
+        probe3(timm.create_model("efficientnet_b0", pretrained=True))
+        probe4(models.ResNet18_Weights.DEFAULT)
+        probe5(models.list_models())
+        """
+    )
+    assert [kind_at(facts, p) for p in ("probe", "probe2", "probe3")] == ["model"] * 3
+    assert kind_at(facts, "probe4") == "unknown" and kind_at(facts, "probe5") == "unknown"
