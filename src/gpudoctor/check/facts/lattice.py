@@ -68,6 +68,21 @@ def _tensor(node: cst.CSTNode, **traits) -> Value:
     return Value(TENSOR, node, dict(traits))
 
 
+
+# torchvision's model builders (``torchvision.models.resnet18(...)``, ``models.detection.fasterrcnn_resnet50_fpn``,
+# ``get_model("vit_b_16")``) and timm's ``create_model`` return ``nn.Module``s; the weights enums and the registry
+# helpers do not.
+_VISION_NOT_BUILDERS = {"get_model_weights", "get_weight", "list_models", "get_model_builder"}
+
+
+def _builds_vision_model(parts: list[str]) -> bool:
+    if parts == ["timm", "create_model"]:
+        return True
+    if parts[:2] != ["torchvision", "models"] or len(parts) < 3:
+        return False
+    last = parts[-1]
+    return not (last.endswith("_Weights") or last in _VISION_NOT_BUILDERS or last.startswith("_"))
+
 class ExpressionValues:
     """Evaluation of expressions that are not library constructors (a mixin of ``FileFacts``)."""
 
@@ -263,6 +278,8 @@ class ExpressionValues:
                 return _tensor(call, created=q)  # TF.to_tensor(img)
             if q == "copy.deepcopy" and call.args:
                 return self._copied_model(call, order, scope)
+            if _builds_vision_model(parts):
+                return Value("model", call, {"class": parts[-1], "module": True})
             return UNKNOWN
         transformed = self._transformed_tensor(call, order, scope)
         if transformed is not None:

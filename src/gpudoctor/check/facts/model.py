@@ -118,6 +118,8 @@ class FileFacts(DictContentsQueries, ExpressionValues):
             return None
         if type(node) is cst.Name:
             q = self.imports.get(node.value)
+            if q is None and node.value not in self._bound_names and self.star_imports:
+                q = apis.star_imported(node.value, self.star_imports)
             if q is None and node.value not in self._bound_names:
                 known = apis.WELL_KNOWN_NAMES.get(node.value) or self._well_known_class(node.value)
                 if known:

@@ -83,10 +83,15 @@ class PaddingLabelsNotMasked(Rule):
                 yield labels.value, a, labels.order, labels.scope
         for site in facts.calls:
             labels, inputs = site.arg(keyword="labels"), site.arg(keyword="input_ids")
-            if labels is None or inputs is None:
+            # ``model(**batch, labels=batch["input_ids"])``: the input ids are the unpacked encoding's.
+            mapping = next((a.value for a in site.node.args if a.star == "**"), None) if inputs is None else None
+            if labels is None or (inputs is None and mapping is None):
                 continue
             a = ids_source(facts, labels, site.order, site.scope)
-            b = ids_source(facts, inputs, site.order, site.scope)
+            if inputs is not None:
+                b = ids_source(facts, inputs, site.order, site.scope)
+            else:
+                b = encoding_source(facts, mapping, site.order, site.scope)
             if a is not None and a is b:
                 yield labels, a, site.order, site.scope
         for site in facts.subscript_assigns:
