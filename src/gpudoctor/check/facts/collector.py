@@ -10,7 +10,7 @@ import libcst as cst
 
 from gpudoctor.check import apis
 from gpudoctor.check.facts.model import FileFacts
-from gpudoctor.check.facts.nodes import call_arg, dotted, name_key, string_value
+from gpudoctor.check.facts.nodes import call_arg, dotted, name_key, receiver_key, string_value
 from gpudoctor.check.facts.records import (
     AttributeAssignSite,
     AugAssignSite,
@@ -370,9 +370,7 @@ class _Collector:
             self.facts._calls_by_qualname.setdefault(site.qualname, []).append(site)
         if self.statement is not None:
             self.facts._statement_by_node[id(node)] = self.statement
-        key = name_key(receiver) if receiver is not None else None
-        if key is None and type(receiver) is cst.Attribute and name_key(receiver.value) is not None:
-            key = f"{name_key(receiver.value)}.{receiver.attr.value}"  # ``pipe.unet.to(...)``: see _pipeline_component
+        key = receiver_key(receiver)  # ``pipe.unet.to(...)`` too: see _pipeline_component
         if key is not None:
             self.facts._calls_on_key.setdefault(key, []).append(site)
         if site.qualname in apis.DISPATCH:

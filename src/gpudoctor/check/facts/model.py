@@ -17,6 +17,7 @@ from gpudoctor.check.facts.nodes import (
     int_value,
     is_true,
     name_key,
+    receiver_key,
     string_value,
     walk,
 )
@@ -88,6 +89,7 @@ class FileFacts(DictContentsQueries, ExpressionValues):
         self.functions: list[Scope] = []
         self.name_loads: dict[str, list[tuple[int, cst.CSTNode, Scope]]] = {}
         self._calls_by_func: Optional[dict[str, list[CallSite]]] = None
+        self._alias_index: Optional[dict[str, list[Binding]]] = None
         self.class_attrs: dict[str, dict[str, list[Binding]]] = {}
         self.module_scope = Scope("module", "<module>", module, None)
         self._call_by_node: dict[int, CallSite] = {}
@@ -447,14 +449,56 @@ class FileFacts(DictContentsQueries, ExpressionValues):
         return self._flow_binding_value(binding)
 
     def _apply_mutations(self, key: str, value: Value, binding: Binding, order: int, scope: Scope) -> Value:
-        for site in self._calls_on_key.get(key, ()):
-            if not (binding.order < site.order < order) or not self._same_namespace(site.scope, scope, key):
-                continue
+        for site in self._mutating_calls(key, binding, order, scope):
             if site.qualname in apis.DISPATCH:
                 value = self._dispatched(value, site)
             elif value.kind in ("model", DIFFUSION_PIPELINE) and site.method in apis.MODULE_MOVES | apis.MODULE_CASTS:
                 value = self._moved_or_cast(value, site)
         return value
+
+    def _mutating_calls(self, key: str, binding: Binding, order: int, scope: Scope) -> list[CallSite]:
+        """Calls on the object ``key`` holds (through ``binding``) between the binding and ``order``: on ``key``
+        itself, and on another name for the same object. ``unet = pipe.unet`` then ``unet.to(torch.float32)``
+        casts ``pipe.unet``; ``m = model`` bound to ``model`` then ``model.half()`` casts ``m``."""
+        sites = [
+            site for site in self._calls_on_key.get(key, ())
+            if binding.order < site.order < order and self._same_namespace(site.scope, scope, key)
+        ]
+        for alias in self._aliases().get(key, ()):  # alias = key, bound while key holds the object
+            if binding.order < alias.order < order and self._holder(key, alias.order, alias.scope) is binding:
+                sites.extend(
+                    site for site in self._calls_on_key.get(alias.key, ())
+                    if alias.order < site.order < order and self.binding_at(alias.key, site.order, site.scope) is alias
+                )
+        source = receiver_key(binding.value) if binding.kind == "assign" else None
+        if source is not None:  # key = source: mutations of source
+            origin = self._holder(source, binding.order, binding.scope)
+            if origin is not None and source != key:
+                sites.extend(
+                    site for site in self._calls_on_key.get(source, ())
+                    if binding.order < site.order < order and self._holder(source, site.order, site.scope) is origin
+                )
+        return sorted(sites, key=lambda c: c.order)
+
+    def _holder(self, key: str, order: int, scope: Scope) -> Optional[Binding]:
+        """The binding that decides what ``key`` is at ``order``: its own, or for an attribute path never
+        assigned itself (``pipe.unet``) its owner's."""
+        found = self.binding_at(key, order, scope)
+        if found is None and "." in key and not key.startswith("self."):
+            found = self.binding_at(key.split(".")[0], order, scope)
+        return found
+
+    def _aliases(self) -> dict[str, list[Binding]]:
+        """source key -> plain assignments ``alias = source`` (a name or attribute path) in the file."""
+        if self._alias_index is None:
+            self._alias_index = {}
+            for scope in (self.module_scope, *self.functions):
+                for bindings in scope.bindings.values():
+                    for b in bindings:
+                        source = receiver_key(b.value) if b.kind == "assign" else None
+                        if source is not None and source != b.key:
+                            self._alias_index.setdefault(source, []).append(b)
+        return self._alias_index
 
     def _same_namespace(self, a: Scope, b: Scope, key: str) -> bool:
         if a is b:

@@ -64,6 +64,15 @@ def name_key(node: Optional[cst.CSTNode]) -> Optional[str]:
     return None
 
 
+def receiver_key(node: Optional[cst.CSTNode]) -> Optional[str]:
+    """The key of the object a method is called on, for indexing calls by receiver: ``model``, ``self.model``,
+    and one attribute deep (``pipe.unet``)."""
+    key = name_key(node)
+    if key is None and type(node) is cst.Attribute and name_key(node.value) is not None:
+        key = f"{name_key(node.value)}.{node.attr.value}"
+    return key
+
+
 def dotted(node: cst.CSTNode) -> Optional[str]:
     if type(node) is cst.Name:
         return node.value

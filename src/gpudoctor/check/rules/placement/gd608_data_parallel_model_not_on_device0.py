@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from gpudoctor.check import apis
-from gpudoctor.check.facts import FileFacts, call_arg, name_key, string_value
+from gpudoctor.check.facts import TRAIT_MOVED, FileFacts, call_arg, name_key, string_value
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import exclusive_branches, snippet
 from gpudoctor.check.rule import Rule
@@ -62,6 +62,11 @@ class DataParallelModelNotOnDevice0(Rule):
         moves = [c for c in facts.calls if c.method in apis.MODULE_MOVES and c.scope is site.scope
                  and (name_key(c.receiver) in keys or c.receiver is module)]
         moves += self._moves_in_construction(facts, module, site.order, site.scope)
+        # the latest move of the wrapped value wherever it happened (a helper that builds and moves it, a temporary)
+        latest = facts.value(module, site.order, site.scope).trait(TRAIT_MOVED)
+        moved = facts.call_site(latest) if isinstance(latest, cst.Call) else None
+        if moved is not None and moved not in moves:
+            moves.append(moved)
         moves.sort(key=lambda c: c.order)
         if not moves:
             return
