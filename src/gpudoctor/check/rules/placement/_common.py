@@ -7,7 +7,7 @@ from typing import Iterator, Optional
 import libcst as cst
 
 from gpudoctor.check import apis
-from gpudoctor.check.facts import FileFacts, Scope, call_arg, name_key, string_value
+from gpudoctor.check.facts import FileFacts, FollowedCall, Scope, call_arg, name_key, string_value
 
 # torch functions that allocate a new tensor on the default device (CPU) unless ``device=`` is given.
 CREATION = {
@@ -523,7 +523,7 @@ def cpu_computed(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scop
             site = facts.call_site(node)
             found = None
             for callee in facts.callee_scopes(site):
-                context = {"site": site, "callee": callee}
+                context = FollowedCall(site, callee)
                 for ret in facts.returns.get(id(callee), ()):
                     result = cpu_computed(facts, ret.value, ret.order, ret.scope, depth + 1, context)
                     if result is None:
@@ -545,19 +545,10 @@ def cpu_computed(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scop
         return vectors[0] if vectors else None
     if isinstance(node, cst.UnaryOperation):
         return cpu_computed(facts, node.expression, order, scope, depth + 1, passed)
-    key = name_key(node)
-    if key is None or key.startswith("self."):
-        return None
-    binding = facts.binding_at(key, order, scope)
-    if binding is None:
-        return None
-    if binding.kind == "param":
-        arguments = _arguments(facts, binding, passed)
-        found = [cpu_computed(facts, *argument, depth + 1) for argument in arguments]
-        return found[0] if found and all(found) else None
-    if binding.kind != "assign" or binding.value is None or _placed_after(facts, key, binding, order):
-        return None
-    return cpu_computed(facts, binding.value, binding.order, binding.scope, depth + 1, passed)
+    return facts.through_name(
+        lambda *source: cpu_computed(facts, *source, depth + 1, passed), node, order, scope,
+        stop=lambda binding, at: _placed_after(facts, binding, at), passed=passed,
+    )
 
 
 def _python_number(node: cst.CSTNode) -> bool:
@@ -566,21 +557,11 @@ def _python_number(node: cst.CSTNode) -> bool:
             and node.func.value in ("float", "int", "len", "round", "bool"))
 
 
-def _arguments(facts: FileFacts, binding, passed) -> list:
-    """(argument, order, scope) for parameter ``binding``: what the call being followed passes, else what
-    every call of the file passes."""
-    if passed is not None and passed["callee"] is binding.scope:
-        for argument in facts._param_arguments(binding):
-            if argument[1] == passed["site"].order and argument[2] is passed["site"].scope:
-                return [argument]
-        return []
-    return list(facts._param_arguments(binding))
-
-
-def _placed_after(facts: FileFacts, key: str, binding, order: int) -> bool:
-    """``key`` is moved (``key.to(...)`` / ``key.cuda()``) between its binding and ``order``."""
-    return any(
-        binding.order < site.order < order and site.method in PLACING_METHODS and name_key(site.receiver) == key
+def _placed_after(facts: FileFacts, binding, order: int) -> bool:
+    """The name assigned by ``binding`` is moved (``key.to(...)`` / ``key.cuda()``) between the binding and
+    ``order``."""
+    return binding.kind == "assign" and any(
+        binding.order < site.order < order and site.method in PLACING_METHODS and name_key(site.receiver) == binding.key
         and site.scope is binding.scope
         for site in facts.calls
     )
@@ -599,10 +580,10 @@ def _unmoved_data(facts: FileFacts, node: Optional[cst.CSTNode], order: int, sco
     binding = facts.binding_at(key, order, scope)
     if binding is None or binding.kind != "param":
         return False
-    arguments = _arguments(facts, binding, passed)
+    arguments = facts.param_sources(binding, passed)
     if arguments:
         return all(_unmoved_data(facts, *argument, depth + 1) for argument in arguments)
-    if passed is not None and passed["callee"] is binding.scope:
+    if passed is not None and passed.callee is binding.scope:
         return False  # the call being followed passes it by keyword or star: not followed
     if facts.value(node, order, scope).kind != "unknown":
         return False
@@ -646,20 +627,11 @@ def on_accelerator(facts: FileFacts, node: Optional[cst.CSTNode], order: int, sc
     if isinstance(node, cst.UnaryOperation):
         return on_accelerator(facts, node.expression, order, scope, depth + 1)
     key = name_key(node)
-    if key is None or key.startswith("self."):
-        return None
-    binding = facts.binding_at(key, order, scope)
-    if binding is None:
-        return None
-    if binding.kind == "param":
-        arguments = list(facts._param_arguments(binding))
-        found = [on_accelerator(facts, *argument, depth + 1) for argument in arguments]
-        return found[0] if found and all(found) else None
-    if binding.kind == "unpack" and isinstance(binding.value, cst.Call) and binding.path and _own_function_call(facts, binding.value):
+    binding = facts.binding_at(key, order, scope) if key is not None and not key.startswith("self.") else None
+    if binding is not None and binding.kind == "unpack" and isinstance(binding.value, cst.Call) and binding.path \
+            and _own_function_call(facts, binding.value):
         return _returned_on_accelerator(facts, binding.value, binding.path, depth)  # ``x, y = get_batch(data, i)``
-    if binding.kind != "assign" or binding.value is None:
-        return None
-    return on_accelerator(facts, binding.value, binding.order, binding.scope, depth + 1)
+    return facts.through_name(lambda *source: on_accelerator(facts, *source, depth + 1), node, order, scope)
 
 
 def only_called_in_callee(facts: FileFacts, call, key: str) -> bool:
@@ -730,16 +702,10 @@ def accelerator_device(facts: FileFacts, node: Optional[cst.CSTNode], order: int
         return accelerator_device(facts, call_arg(node, 0, "type"), order, scope, depth + 1)
     if isinstance(node, cst.Attribute) and node.attr.value == "device":
         return on_accelerator(facts, node.value, order, scope, depth + 1) is not None
-    key = name_key(node)
-    if key is None:
-        return False
-    binding = facts.binding_at(key, order, scope)
-    if binding is not None and binding.kind == "param":  # a device handed in: every call of the file passes one
-        arguments = list(facts._param_arguments(binding))
-        return bool(arguments) and all(accelerator_device(facts, *argument, depth + 1) for argument in arguments)
-    if binding is None or binding.kind != "assign":
-        return False
-    return accelerator_device(facts, binding.value, binding.order, binding.scope, depth + 1)
+    # a device handed in as a parameter: every call of the file passes one
+    return bool(facts.through_name(
+        lambda *source: accelerator_device(facts, *source, depth + 1), node, order, scope, attributes=True
+    ))
 
 
 # ------------------------------------------------------------------------------------ modules without tensors
