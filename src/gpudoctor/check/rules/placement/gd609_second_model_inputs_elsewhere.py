@@ -54,12 +54,12 @@ class SecondModelInputsElsewhere(Rule):
                 move_call, target_model = moved
                 if target_model == b_key:
                     continue
-                placed_for = f"for `{target_model}`" if target_model else ""
+                placed_for = f" for `{target_model}`" if target_model else ""
                 severity = Severity.ERROR if evidence or target_model else Severity.WARNING
                 yield self.report(
                     site.node,
                     f"`{b_key}` is never placed (loaded on the CPU, not moved, not given a device map), but it is called "
-                    f"with `{snippet(facts, arg.value, 30)}`, which `{snippet(facts, move_call, 50)}` put on the device "
+                    f"with `{snippet(facts, arg.value, 30)}`, which `{snippet(facts, move_call, 50)}` put on the device"
                     f"{placed_for}; the forward mixes devices: \"Expected all tensors to be on the same device, but found "
                     "at least two devices, cuda:0 and cpu!\"",
                     fix_hint=f"Place `{b_key}` too (`{b_key}.to(device)`, `device_map=`, or pass it to the trainer / "
