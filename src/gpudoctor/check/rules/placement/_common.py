@@ -634,6 +634,40 @@ def on_accelerator(facts: FileFacts, node: Optional[cst.CSTNode], order: int, sc
     return facts.through_name(lambda *source: on_accelerator(facts, *source, depth + 1), node, order, scope)
 
 
+def only_called_in_callee(facts: FileFacts, call, key: str) -> bool:
+    """``call`` hands ``key`` to the file's own function(s) (``train(model, loader, criterion, device)``), and there
+    the parameter is only ever called (``criterion(logits, y)``): the call delivers the object, it does not place it
+    (no ``.to()``, not stored, not passed on)."""
+    callees = facts.callee_scopes(call)
+    if not callees:
+        return False
+    for function in callees:
+        if not isinstance(function.node, cst.FunctionDef):
+            return False
+        params = [*function.node.params.posonly_params, *function.node.params.params]
+        if function.parent is not None and function.parent.kind == "class" and params:
+            params = params[1:]  # self
+        names = set()
+        for position, arg in enumerate(call.node.args):
+            if name_key(arg.value) != key or arg.star:
+                continue
+            if arg.keyword is not None:
+                names.add(arg.keyword.value)
+            elif position < len(params):
+                names.add(params[position].name.value)
+        if not names:
+            return False
+        up = parents(facts, function.node)
+        for name in names:
+            for _order, load, scope in facts.name_loads.get(name, ()):
+                if id(load) not in up:
+                    continue  # another function's name
+                parent = up.get(id(load))
+                if not (isinstance(parent, cst.Call) and parent.func is load):
+                    return False
+    return True
+
+
 def _returned_on_accelerator(facts: FileFacts, call: cst.Call, path: tuple[int, ...], depth: int) -> Optional[cst.CSTNode]:
     """What the file's own helper returns (the element at ``path`` of a returned tuple) is on an accelerator on
     every ``return`` of it; None when one return is not shown to be, or a return's shape does not fit ``path``."""

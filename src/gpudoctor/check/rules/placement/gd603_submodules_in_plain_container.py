@@ -8,7 +8,13 @@ from gpudoctor.check.facts import FileFacts, name_key
 from gpudoctor.check.finding import Severity
 
 from gpudoctor.check.rule import Rule
-from gpudoctor.check.rules.placement._common import is_module_constructor, method_scopes, module_classes, parents
+from gpudoctor.check.rules.placement._common import (
+    PARAMETERLESS_MODULES,
+    is_module_constructor,
+    method_scopes,
+    module_classes,
+    parents,
+)
 
 # Calls that take the container without registering anything... and calls that may register it.
 _HARMLESS = {"len", "enumerate", "zip", "reversed", "iter", "range", "print", "isinstance"}
@@ -67,7 +73,7 @@ class SubmodulesInPlainContainer(Rule):
     def _container(self, facts: FileFacts, value, keys: set[str], methods) -> tuple[Optional[str], str]:
         if isinstance(value, (cst.List, cst.Tuple)):
             for element in value.elements:
-                name = is_module_constructor(facts, element.value)
+                name = _weighted_module(facts, element.value)
                 if name:
                     return ("list" if isinstance(value, cst.List) else "tuple"), f"`{name}(...)`"
             if not value.elements:
@@ -76,20 +82,20 @@ class SubmodulesInPlainContainer(Rule):
                     if site.scope in methods and name_key(site.receiver) in keys and site.node.args:
                         arg = site.node.args[-1].value
                         built = facts.assignment_of(arg, site.order, site.scope)
-                        name = is_module_constructor(facts, built.value if built is not None else arg)
+                        name = _weighted_module(facts, built.value if built is not None else arg)
                         if name is None and isinstance(arg, (cst.List, cst.ListComp)):
                             inner = arg.elements[0].value if isinstance(arg, cst.List) and arg.elements else getattr(arg, "elt", None)
-                            name = is_module_constructor(facts, inner)
+                            name = _weighted_module(facts, inner)
                         if name:
                             return "list", f"`{name}(...)` appended"
             return None, ""
         if isinstance(value, (cst.ListComp, cst.GeneratorExp)) and not isinstance(value, cst.GeneratorExp):
-            name = is_module_constructor(facts, value.elt)
+            name = _weighted_module(facts, value.elt)
             return ("list", f"`{name}(...)`") if name else (None, "")
         if isinstance(value, cst.Dict):
             for element in value.elements:
                 if isinstance(element, cst.DictElement):
-                    name = is_module_constructor(facts, element.value)
+                    name = _weighted_module(facts, element.value)
                     if name:
                         return "dict", f"`{name}(...)`"
             if not value.elements:
@@ -101,7 +107,7 @@ class SubmodulesInPlainContainer(Rule):
         ):
             return self._stored_by_key(facts, keys, methods)
         if isinstance(value, cst.DictComp):
-            name = is_module_constructor(facts, value.value)
+            name = _weighted_module(facts, value.value)
             return ("dict", f"`{name}(...)`") if name else (None, "")
         return None, ""
 
@@ -110,7 +116,7 @@ class SubmodulesInPlainContainer(Rule):
         for site in facts.subscript_assigns:
             if site.scope in methods and site.base_key in keys:
                 built = facts.assignment_of(site.value, site.order, site.scope)
-                name = is_module_constructor(facts, built.value if built is not None else site.value)
+                name = _weighted_module(facts, built.value if built is not None else site.value)
                 if name:
                     return "dict", f"`{name}(...)` stored by key"
         return None, ""
@@ -146,3 +152,12 @@ def _iterated_nodes(facts: FileFacts) -> set[int]:
                 cached.add(id(found[0]))
         facts._gd603_iterated = cached
     return cached
+
+
+def _weighted_module(facts: FileFacts, node) -> Optional[str]:
+    """A module constructor (``nn.Linear(...)``, the file's own module class), except the ``torch.nn`` modules that hold
+    no parameter and no buffer (``nn.ReLU()``, ``nn.Dropout()``): unregistered, they lose nothing and run anywhere."""
+    name = is_module_constructor(facts, node)
+    if name is not None and name.startswith("nn.") and name[3:] in PARAMETERLESS_MODULES:
+        return None
+    return name

@@ -15,6 +15,7 @@ from gpudoctor.check.rules.placement._common import (
     file_sets_default_device,
     module_classes,
     moves_to_accelerator,
+    only_called_in_callee,
 )
 
 # Loss modules whose class weight is kept as a buffer (moved only by criterion.to()).
@@ -122,7 +123,8 @@ class LossWeightOnCpu(Rule):
             for call in facts.calls:
                 if call.order > binding.order and any(name_key(a.value) == binding.key for a in call.node.args):
                     if facts.call_site(call.node) is not None and name_key(call.node.func) != binding.key:
-                        return True
+                        if not only_called_in_callee(facts, call, binding.key):
+                            return True  # ``train(model, loader, criterion)`` that only calls it does not place it
         return False
 
     def _cpu_weight(self, facts: FileFacts, weight, site) -> Optional[cst.CSTNode]:

@@ -15,6 +15,7 @@ from gpudoctor.check.rules.placement._common import (
     holds_no_tensors,
     module_classes,
     moves_to_accelerator,
+    only_called_in_callee,
     placement,
 )
 
@@ -72,41 +73,11 @@ class SecondModelInputsElsewhere(Rule):
         for call in facts.calls:
             if call is site:
                 continue
-            if any(name_key(a.value) == key for a in call.node.args) and not self._only_delivers(facts, call, key, site):
+            if any(name_key(a.value) == key for a in call.node.args) and not only_called_in_callee(facts, call, key):
                 return True
             if call.method in PLACING_METHODS and name_key(call.receiver) == key:
                 return True
         return False
-
-    @staticmethod
-    def _only_delivers(facts: FileFacts, call: CallSite, key: str, site: CallSite) -> bool:
-        """``distill(student, teacher, ...)`` where ``distill`` is the function that calls ``teacher(...)``: the call
-        only brings the model to the site; it places it only if that function moves its parameter or hands it on."""
-        callees = facts.callee_scopes(call)
-        if site.scope not in callees:
-            return False
-        function = site.scope
-        params = [*function.node.params.posonly_params, *function.node.params.params]
-        if function.parent is not None and function.parent.kind == "class" and params:
-            params = params[1:]
-        names = set()
-        for position, arg in enumerate(call.node.args):
-            if name_key(arg.value) != key or arg.star:
-                continue
-            if arg.keyword is not None:
-                names.add(arg.keyword.value)
-            elif position < len(params):
-                names.add(params[position].name.value)
-        if not names:
-            return False
-        for other in facts.calls:
-            if other.scope is not function or other is site:
-                continue
-            if other.method in PLACING_METHODS and name_key(other.receiver) in names:
-                return False
-            if any(name_key(a.value) in names for a in other.node.args):
-                return False
-        return True
 
     def _weights_placed(self, facts: FileFacts, site: CallSite) -> bool:
         """A weighted loss whose only tensors, its ``weight=``/``pos_weight=``, were built on a device

@@ -29,10 +29,10 @@ class InputsToOffloadedModelDevice(Rule):
                     continue
                 if arg.keyword is None and site.method != "to":
                     continue
-                target = arg.value
-                if not (isinstance(target, cst.Attribute) and target.attr.value == "device"):
+                target, order, scope = self._model_device(facts, arg.value, site.order, site.scope)
+                if target is None:
                     continue
-                value = facts.value(target.value, site.order, site.scope)
+                value = facts.value(target.value, order, scope)
                 if value.kind != "model":
                     continue
                 device_map = value.trait("device_map")
@@ -49,14 +49,29 @@ class InputsToOffloadedModelDevice(Rule):
                     continue
                 owner = snippet(facts, target.value, 30)
                 yield self.report(
-                    target,
+                    arg.value,
                     f"`{owner}.device` is the device of the model's first parameter, and {why}: that parameter is a "
                     f"`meta` placeholder, so `{snippet(facts, site.node, 50)}` targets `meta` and the forward raises "
                     "\"NotImplementedError: Cannot copy out of meta tensor; no data!\" (`generate`: \"Tensor.item() "
                     "cannot be called on meta tensors\").",
                     fix_hint="Leave the inputs on the CPU (the accelerate hooks move them), or send them to the first "
                     "GPU of the map (e.g. `.to(0)`).",
+                    related=() if target is arg.value else ((target, f"`{snippet(facts, arg.value, 20)}` is `{owner}.device`"),),
                 )
+
+    @staticmethod
+    def _model_device(facts: FileFacts, node, order: int, scope):
+        """(the ``<model>.device`` expression, its order, its scope) that ``node`` is, directly or through names
+        (``device = model.device``, ``self.device = self.model.device``); (None, ...) otherwise."""
+        for _ in range(4):
+            if (isinstance(node, cst.Attribute) and node.attr.value == "device"
+                    and facts.value(node.value, order, scope).kind == "model"):
+                return node, order, scope
+            binding = facts.assignment_of(node, order, scope)
+            if binding is None or binding.value is None:
+                break
+            node, order, scope = binding.value, binding.order, binding.scope
+        return None, order, scope
 
     def _first_entry(self, facts: FileFacts, device_map: Optional[DeviceMap]) -> Optional[tuple[str, str]]:
         if device_map is None or device_map.strategy != "explicit" or not isinstance(device_map.node, cst.Dict):
