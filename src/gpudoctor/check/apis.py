@@ -133,6 +133,8 @@ def diffusers_model_load(qualname: str) -> tuple[str, str] | None:
     if parts[0] != "diffusers" or len(parts) < 3 or parts[-1] not in ("from_pretrained", "from_single_file"):
         return None
     owner = parts[-2]
+    if owner.startswith(("Flax", "Onnx", "OnnxRuntime")):
+        return None  # JAX modules and ONNX runtime sessions, not torch modules
     if owner[:1].isupper() and (owner.endswith("Model") or owner.startswith("Autoencoder")):
         return owner, parts[-1]
     return None

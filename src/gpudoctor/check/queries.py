@@ -284,6 +284,17 @@ def option_defaults(facts: FileFacts) -> dict[str, str]:
     return result
 
 
+# Checkpoints whose size is a word, not a number (the model cards' parameter counts): T5 v1.1 / Flan-T5 XL and
+# XXL, mT5 XL and XXL, Flan-UL2.
+_SIZE_BY_NAME = (
+    (re.compile(r"^(?:flan-)?t5-(?:v1_1-)?xxl(?:-[\w.-]+)?$", re.IGNORECASE), 11.3e9),
+    (re.compile(r"^(?:flan-)?t5-(?:v1_1-)?xl(?:-[\w.-]+)?$", re.IGNORECASE), 2.85e9),
+    (re.compile(r"^mt5-xxl$", re.IGNORECASE), 13e9),
+    (re.compile(r"^mt5-xl$", re.IGNORECASE), 3.7e9),
+    (re.compile(r"^flan-ul2$", re.IGNORECASE), 19.5e9),
+)
+
+
 def params_from_name(name: Optional[str]) -> Optional[float]:
     """``meta-llama/Llama-2-7b-chat-hf`` -> 7e9; ``bloom-560m`` -> 5.6e8; None when the name says nothing.
 
@@ -292,6 +303,9 @@ def params_from_name(name: Optional[str]) -> Optional[float]:
     if not name:
         return None
     last = name.rstrip("/").split("/")[-1]
+    for pattern, size in _SIZE_BY_NAME:
+        if pattern.match(last):
+            return size
     sizes = [float(m.group(1)) * (1e9 if m.group(2) in "bB" else 1e6) for m in _SIZE_IN_NAME.finditer(last)]
     if len(sizes) != 1:
         return None

@@ -153,6 +153,12 @@ class FileFacts(DictContentsQueries, ExpressionValues):
         self._instance_cache[key] = profile
         return profile
 
+    def _used_as_module(self, node: cst.CSTNode) -> bool:
+        """A name (or ``self.x``) used with ``.parameters()`` / ``.named_parameters()``, which only
+        ``torch.nn.Module`` has."""
+        key = name_key(node)
+        return key is not None and bool(self.member_uses.get(key, set()) & {"parameters", "named_parameters"})
+
     def _assumed_value(self, key: str) -> Optional[Value]:
         profile = self.assumed_instance(key)
         if profile is None:
@@ -560,6 +566,10 @@ class FileFacts(DictContentsQueries, ExpressionValues):
             receiver = call.func.value
             if method in apis.MODULE_MOVES | apis.MODULE_CASTS:
                 base = self.value(receiver, order, scope)
+                if base.kind == "unknown" and method in apis.MODULE_CASTS and self._used_as_module(receiver):
+                    # ``model = model.half()`` in a notebook cell whose model came from an earlier cell: a name whose
+                    # ``.parameters()`` the file takes is a module, whatever bound it
+                    base = Value("model", receiver, {"assumed_module": name_key(receiver)})
                 if base.kind in ("model", DIFFUSION_PIPELINE) and site is not None:
                     return self._moved_or_cast(base, site)
                 if base.kind == "unknown":
