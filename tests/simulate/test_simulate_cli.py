@@ -28,13 +28,13 @@ TINY_TRAIN = textwrap.dedent("""\
 """)
 
 
-def _trace(tmp_path, script: str, *options: str, name: str = "train.py") -> tuple[subprocess.CompletedProcess, dict]:
+def _trace(tmp_path, script: str, *options: str, name: str = "train.py", args=()) -> tuple[subprocess.CompletedProcess, dict]:
     path = tmp_path / name
     if not path.exists():
         path.write_text(script)
     report = tmp_path / "report.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-m", "gpudoctor", "trace", *options, "--no-check", "--json", str(report), str(path)],
+    proc = subprocess.run([sys.executable, "-m", "gpudoctor", "trace", *options, "--no-check", "--json", str(report), str(path), *args],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     return proc, json.loads(report.read_text())
 
@@ -134,3 +134,102 @@ def test_script_prints_show_cuda_device_names(tmp_path):
     proc, _ = _trace(tmp_path, script, "--simulate", "1x8GB")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "cuda:0 cuda:0\non cuda:0 device(type='cuda', index=0)\nmy gpu\n" in proc.stdout
+
+
+BACKWARD_ERROR = textwrap.dedent("""\
+    import sys
+    import torch, torch.nn as nn
+
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise ValueError("refused in backward")
+
+    def refuse(*args):
+        raise ValueError("refused in backward")
+
+    kind = sys.argv[1]
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)).to("cuda:1")
+    if kind == "module_hook":
+        model[2].register_full_backward_hook(refuse)
+    if kind == "module_pre_hook":
+        model[2].register_full_backward_pre_hook(refuse)
+    out = model(torch.randn(8, 64, device="cuda:1"))
+    if kind == "function":
+        out = Scale.apply(out)
+    if kind == "tensor_hook":
+        out.register_hook(refuse)
+    loss = out.pow(2).mean()
+    loss.backward()
+    print("not reached")
+""")
+
+
+def _traceback_of(proc) -> str:
+    """The traceback Python printed: from "Traceback" to the rule that opens gpudoctor's report."""
+    lines = ("Traceback" + proc.stderr.split("Traceback", 1)[1]).splitlines()
+    end = next(i for i, line in enumerate(lines) if line.startswith("─") and "gpudoctor trace" in line)
+    return "\n".join(lines[:end])
+
+
+def _simulator_frames(traceback: str) -> list[str]:
+    frames = [line for line in traceback.splitlines() if line.strip().startswith("File ")]
+    plumbing = ("gpudoctor/simulate", "gpudoctor/virtual", "torch/_subclasses", "_python_dispatch", "torch/overrides.py",
+                "torch/_compile.py", "torch/_dynamo")
+    return [line for line in frames if any(p in line for p in plumbing)]
+
+
+@pytest.mark.parametrize("kind", ["module_hook", "module_pre_hook", "function", "tensor_hook"])
+def test_error_raised_in_backward_is_the_scripts_exception_at_its_backward_line(tmp_path, kind):
+    """On the virtual backend an exception raised into the autograd engine by a hook would abort the process; a real
+    GPU raises it at the ``backward()`` line: so does the simulation, with the report, exit code 1."""
+    proc, report = _trace(tmp_path, BACKWARD_ERROR, "--simulate", "2x8GB", args=(kind,))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "terminate called" not in proc.stderr and "not reached" not in proc.stdout
+    traceback = _traceback_of(proc)
+    frames = [line.strip() for line in traceback.splitlines() if line.strip().startswith("File ")]
+    assert frames[0].endswith("line 28, in <module>") and "loss.backward()" in traceback
+    assert traceback.rstrip().endswith("ValueError: refused in backward")
+    assert 'raise ValueError("refused in backward")' in traceback  # the hook's own frame, as on a real GPU
+    assert _simulator_frames(traceback) == []
+    assert "gpudoctor trace" in proc.stderr and "SIMULATED GPU memory" in proc.stderr
+    verdict = report["simulated"]["verdict"]
+    assert verdict["fits"] is None and verdict["message"] == "refused in backward"
+
+
+OOM_IN_LIBRARY = textwrap.dedent("""\
+    import torch, torch.nn as nn
+    model = nn.Sequential(nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 4096)).cuda()
+    x = torch.randn(3 << 15, 4096, device="cuda")
+    out = model(x)
+""")
+
+
+def test_simulated_oom_traceback_has_the_frames_of_a_real_one(tmp_path):
+    # 1.5 GiB input + 1.5 GiB Linear output on a 4 GB card: ReLU's output is the allocation that fails
+    proc, report = _trace(tmp_path, OOM_IN_LIBRARY, "--simulate", "1x4GB")
+    assert proc.returncode == 1
+    traceback = _traceback_of(proc)
+    assert _simulator_frames(traceback) == []
+    frames = [line.strip() for line in traceback.splitlines() if line.strip().startswith("File ")]
+    assert frames[0].endswith("line 4, in <module>")
+    assert frames[-1].endswith("in relu") and "torch/nn/functional.py" in frames[-1]  # the library line whose op failed
+    assert [line.strip() for line in traceback.splitlines()][-3:-1] == ["result = torch.relu(input)", "^^^^^^^^^^^^^^^^^"]
+    assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB" in traceback
+    assert report["simulated"]["verdict"]["line"] == 4
+
+
+def test_simulated_oom_in_backward_traceback_ends_in_torchs_backward(tmp_path):
+    # the forward fits (768 MiB activations); backward's gradients of them do not
+    script = TINY_TRAIN.replace("torch.randn(16, 4096)", "torch.randn(3 << 14, 4096)")
+    proc, report = _trace(tmp_path, script, "--simulate", "1x4GB")
+    assert proc.returncode == 1
+    traceback = _traceback_of(proc)
+    assert _simulator_frames(traceback) == [] and "torch.OutOfMemoryError" in traceback
+    frames = [line.strip() for line in traceback.splitlines() if line.strip().startswith("File ")]
+    assert frames[0].endswith("line 7, in <module>") and "torch/_tensor.py" in frames[-1] and frames[-1].endswith("in backward")
+    assert report["simulated"]["verdict"]["line"] == 7

@@ -1,5 +1,7 @@
 """A tiny model simulated end to end: exact bytes, the OOM where a real card would fail, stand-ins."""
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn as nn
@@ -138,6 +140,54 @@ def test_error_in_a_tensor_hook_during_backward_is_a_normal_exception():
         with pytest.raises(ValueError, match="hook says no"):
             (torch.ones(4, 8, device="cuda:1") @ w).sum().backward()
         (torch.ones(4, 8, device="cuda:1") @ nn.Parameter(torch.empty(8, 8, device="cuda:1"))).sum().backward()  # still usable
+
+
+class _Double(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+@pytest.mark.parametrize("where", ["full_hook", "pre_hook", "non_full_hook", "global_full_hook", "function_node_hook",
+                                   "autograd_grad"])
+def test_error_in_a_backward_hook_is_a_normal_exception(where):
+    """Module backward hooks (full, pre, non-full, global) and hooks on an autograd.Function's node: raised into the
+    autograd engine on the virtual backend they would abort the process; here, as on a real GPU, backward raises."""
+    from torch.nn.modules.module import register_module_full_backward_hook
+
+    calls = []
+
+    def refuse(*args):
+        calls.append(where)
+        raise ValueError("hook says no")
+
+    with Simulation("2x8GB"):
+        model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8)).to("cuda:1")
+        handle = {"full_hook": lambda: model[1].register_full_backward_hook(refuse),
+                  "pre_hook": lambda: model[1].register_full_backward_pre_hook(refuse),
+                  "non_full_hook": lambda: model[1].register_backward_hook(refuse),
+                  "global_full_hook": lambda: register_module_full_backward_hook(refuse),
+                  }.get(where, lambda: None)()
+        x = torch.ones(4, 8, device="cuda:1", requires_grad=True)
+        with pytest.warns(FutureWarning) if where == "non_full_hook" else contextlib.nullcontext():
+            out = model(x)
+        if where == "function_node_hook":
+            out = _Double.apply(out)
+            out.grad_fn.register_hook(refuse)
+        with pytest.raises(ValueError, match="hook says no"):
+            if where == "autograd_grad":
+                out.register_hook(refuse)
+                torch.autograd.grad(out.sum(), x)
+            else:
+                out.sum().backward()
+        assert len(calls) == 1  # a real backward stops at the error: no later hook runs
+        if handle is not None:
+            handle.remove()
+        model(x).sum().backward()  # the simulation goes on
 
 
 def test_data_parallel_replicates_the_weights_on_every_card():

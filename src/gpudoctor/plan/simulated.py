@@ -374,7 +374,7 @@ def prefetch(requests: list[tuple], jobs: int | None = None, use_cache: bool = T
         for receive in wait(list(running)):
             key, args, child = running.pop(receive)
             result = _collect(receive, child)
-            if _fork_refused(result):
+            if _fork_refused(result, child):
                 pending.append((key, args))
                 continue
             _keep(key, result, use_cache)
@@ -428,8 +428,9 @@ def _run_isolated(*args) -> dict:
     """``_run`` in a child process: the engine's global patches stay out of this process, and an engine
     failure (an exception inside autograd on the virtual backend aborts the process) costs one case."""
     while True:
-        result = _collect(*_launch(args))
-        if not _fork_refused(result):
+        receive, child = _launch(args)
+        result = _collect(receive, child)
+        if not _fork_refused(result, child):
             return result
 
 
@@ -456,10 +457,12 @@ def _collect(receive, child) -> dict:
     return result or {"error": f"the simulation stopped without a result (exit code {child.exitcode})"}
 
 
-def _fork_refused(result: dict) -> bool:
+def _fork_refused(result: dict, child) -> bool:
     """torch refuses autograd in a child forked from a process that ran autograd (e.g. a test that called
-    the engine directly): switch to spawned children and run the case again."""
-    if "autograd's threading" in result.get("error", "") and _START[0] == "fork":
+    the engine directly): switch to spawned children and run the case again. Every child forked before the
+    switch was refused too (``prefetch`` runs several at a time), so it is the child's start method that says
+    whether to run its case again, not the current one."""
+    if "autograd's threading" in result.get("error", "") and getattr(child, "_start_method", None) == "fork":
         _START[0] = "spawn"
         return True
     return False

@@ -15,6 +15,7 @@ backend registration (process-global in torch).
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 import warnings
 import weakref
@@ -22,6 +23,7 @@ import weakref
 import torch
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.autograd.function import BackwardCFunction
 
 from gpudoctor.simulate import devices
 from gpudoctor.simulate.allocator import DeviceAllocator
@@ -201,27 +203,20 @@ class Simulation:
         def module_cuda(module, device=None):
             return original_to(module, f"{devices.BACKEND}:{devices.index_of(device)}")
 
-        torch_backward = torch.autograd.backward
-
-        def backward(*args, **kwargs):
-            tracker = self.tracker
-            tracker.in_backward += 1
-            self.phase = "backward"
-            try:
-                torch_backward(*args, **kwargs)
-            finally:
-                tracker.in_backward -= 1
-                if not tracker.in_backward:
-                    self.phase = "between_steps"
-            if not tracker.in_backward and tracker.pending_oom is not None:
-                error, tracker.pending_oom = tracker.pending_oom, None
-                raise error
-
-        self._set(torch.autograd, "backward", backward)
+        self._set(torch.autograd, "backward", _engine_entry(torch.autograd.backward, self))
+        self._set(torch.autograd, "grad", _engine_entry(torch.autograd.grad, self))
         self._set(nn.DataParallel, "forward", _data_parallel_forward)
-        self._set(torch.Tensor, "register_hook", _held_in_backward(torch.Tensor.register_hook, self))
-        self._set(torch.Tensor, "register_post_accumulate_grad_hook",
-                  _held_in_backward(torch.Tensor.register_post_accumulate_grad_hook, self))
+        # the Python callbacks the autograd engine runs, held (see _run_held): tensor hooks; hooks on the nodes of
+        # autograd.Functions, which is where module full backward hooks and pre-hooks go (BackwardHook registers them on
+        # a BackwardHookFunction's node); module non-full backward hooks (a _WrappedHook on the output's node).
+        # Not reachable from Python: a hook a script registers itself on a built-in node (``loss.grad_fn.register_hook``).
+        for owner, name in ((torch.Tensor, "register_hook"), (torch.Tensor, "register_post_accumulate_grad_hook"),
+                            (BackwardCFunction, "register_hook"), (BackwardCFunction, "register_prehook")):
+            self._set(owner, name, _registers_held(getattr(owner, name), self))
+        from torch.nn.modules.module import _WrappedHook
+
+        wrapped_hook_call = _WrappedHook.__call__
+        self._set(_WrappedHook, "__call__", lambda hook, *args, **kwargs: _run_held(self, wrapped_hook_call, hook, *args, **kwargs))
         self._set(nn.Module, "to", module_to)
         self._set(nn.Module, "cuda", module_cuda)
         autocast_cls = torch.amp.autocast_mode.autocast
@@ -307,24 +302,59 @@ def _data_parallel_forward(dp, *inputs, **kwargs):
     return dp.module(*inputs, **kwargs)
 
 
-def _held_in_backward(register, sim):
-    """``Tensor.register_hook`` whose hook, if it raises inside backward, has its exception held and raised when
-    backward returns: an exception inside the autograd engine on the virtual backend aborts the process (C++
-    terminate, torch 2.13), a real GPU raises it as the normal Python exception at the ``backward()`` line."""
+def _engine_entry(run, sim):
+    """``torch.autograd.backward`` / ``grad`` on simulated cards: the phase is "backward", and an exception held
+    during it (an OOM, an error in a hook: see :func:`_run_held`) is raised when it returns, at the user's
+    ``backward()`` line, which is where a real GPU raises it."""
 
-    def register_held(tensor, hook):
-        def held(*args):
-            tracker = sim.tracker
-            try:
-                return hook(*args)
-            except BaseException as exc:
-                if tracker is None or not tracker.in_backward:
-                    raise
-                if tracker.pending_oom is None:
-                    tracker.pending_oom = exc
-                return None
+    def entry(*args, **kwargs):
+        tracker = sim.tracker
+        tracker.in_backward += 1
+        sim.phase = "backward"
+        try:
+            result = run(*args, **kwargs)
+        except BaseException:
+            outermost = tracker.in_backward == 1
+            if outermost and tracker.pending_error is not None:  # what made the engine fail afterwards is secondary
+                error, tracker.pending_error = tracker.pending_error, None
+                raise error from None
+            raise
+        finally:
+            tracker.in_backward -= 1
+            if not tracker.in_backward:
+                sim.phase = "between_steps"
+        if not tracker.in_backward and tracker.pending_error is not None:
+            error, tracker.pending_error = tracker.pending_error, None
+            raise error
+        return result
 
-        return register(tensor, held)
+    return entry
+
+
+def _run_held(sim, hook, *args, **kwargs):
+    """Call a hook the autograd engine runs. On the virtual backend a Python exception raised into the engine from
+    a hook is lost: torch (2.13) throws it without saving Python's error state, and the device guard's Python
+    callback that runs while the C++ exception unwinds clears it, so the process aborts (C++ terminate) or backward
+    fails with a SystemError. So inside backward the exception is held, the hook returns None, and the exception is
+    raised when backward returns (:func:`_engine_entry`), as on a real GPU. Once one is held the rest of that
+    backward is not counted (the tracker stops) and no later hook runs: a real backward stopped at the error."""
+    tracker = sim.tracker
+    if tracker is None or not tracker.in_backward:
+        return hook(*args, **kwargs)
+    if tracker.pending_error is not None:
+        return None
+    try:
+        return hook(*args, **kwargs)
+    except BaseException as exc:
+        tracker.pending_error = exc
+        return None
+
+
+def _registers_held(register, sim):
+    """``register(tensor_or_node, hook)`` whose hook runs through :func:`_run_held`."""
+
+    def register_held(owner, hook):
+        return register(owner, functools.wraps(hook)(lambda *args: _run_held(sim, hook, *args)))
 
     return register_held
 

@@ -44,10 +44,10 @@ class AllocationTracker(TorchDispatchMode):
         self.blocks: dict[int, object] = {}  # storage cdata -> (device index, Block)
         self.stand_ins: Counter = Counter()
         # An exception raised inside the autograd engine on the virtual backend aborts the process (C++
-        # terminate, torch 2.13): an OOM during backward is held here and raised when backward returns,
-        # which is also the line a real backward OOM points at in the user's code.
+        # terminate, torch 2.13; see session._run_held): an OOM or a hook's error during backward is held here and
+        # raised when backward returns, which is also the line a real backward error points at in the user's code.
         self.in_backward = 0
-        self.pending_oom: BaseException | None = None
+        self.pending_error: BaseException | None = None
 
     # -- storages -----------------------------------------------------------------------------
     def track(self, tensor: torch.Tensor, category: str | None = None) -> None:
@@ -61,14 +61,14 @@ class AllocationTracker(TorchDispatchMode):
         phase, default = self.phase_of()
         index = device.index or 0
         allocator = self.allocators[index]
-        if self.pending_oom is not None:
+        if self.pending_error is not None:
             return  # this backward already failed; the rest of it is not counted
         try:
             block = allocator.malloc(storage.nbytes(), category or default, phase)
         except torch.OutOfMemoryError as exc:
             if not self.in_backward:
                 raise
-            self.pending_oom = exc
+            self.pending_error = exc
             return
         self.blocks[key] = (index, block)
         weakref.finalize(storage, self._free, key, index, block)
