@@ -93,7 +93,12 @@ class ModelInfo:
     remote_code: bool = False  # the architecture is the Hub's remote code (loaded with trust_remote_code=True)
 
     def config_key(self) -> str:
-        return json.dumps(self.config.to_dict(), sort_keys=True, default=str)
+        """The config as part of a cache key. Without its dtype: building a model from the config
+        (``_from_config(config, dtype=...)``, e.g. each method's meta model for its device map) writes that
+        dtype into the shared config, so the key would depend on which model was built last (a cache miss,
+        or a prefetched result simulated twice); the case's dtype is the method's, keyed on its own."""
+        data = {k: v for k, v in self.config.to_dict().items() if k not in ("dtype", "torch_dtype")}
+        return json.dumps(data, sort_keys=True, default=str)
 
 
 def resolve(model: str) -> ModelInfo:
