@@ -5,10 +5,12 @@ simulates copies of the architecture with fewer decoder layers and extrapolates 
 
 * one GPU: the model with ``K1`` and ``K2`` layers on one card; every number (peak allocated and
   reserved, each category at the peak, trainable bytes) is ``a + b * layers`` through those two points;
-* a ``device_map`` pipeline: the first, a middle and the last device of the real map (accelerate's
-  balanced map for the real cards, computed on a meta model as the engine's ``from_pretrained`` does),
-  each with ``K1`` and then ``K2`` layers, the embeddings and the head where the real map puts them;
-  each real device is its role's line at the number of layers it holds.
+* a ``device_map`` pipeline (accelerate's balanced map for the real cards, computed on a meta model as
+  the engine's ``from_pretrained`` does): one copy on four devices, the first card's modules, a middle
+  card with ``K1`` and one with ``K2`` layers, the last card's modules (the embeddings and the head where
+  the real map puts them); each middle card is the line through the two middle devices at the layers it
+  holds, the first and last cards their own device continued along that line (a layer adds the same
+  bytes to whichever card holds it); see :meth:`gpudoctor.plan.planner.Planner.pipeline`.
 
 Every layer of a decoder is the same shape, so weights, gradients, optimizer state and saved
 activations grow by the same bytes per layer; the peak phase is the same at every depth. The
@@ -478,6 +480,11 @@ def _child(send, args) -> None:
         from transformers.utils import logging
 
         logging.set_verbosity_error()
+        from gpudoctor.simulate import hub
+
+        # a spawned child has not registered gpudoctor's rebuilds of remote-code architectures (e.g. ChatGLM-6B)
+        # with the Auto classes the way the parent's config resolution did
+        hub.local_code_config({"model_type": getattr(args[0].config, "model_type", None)}, None)
         result = _run(*args)
     except BaseException as exc:  # reported to the parent, which says which case failed
         result = {"error": f"{type(exc).__name__}: {exc}"}
