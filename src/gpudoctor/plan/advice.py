@@ -26,8 +26,9 @@ def recommendation(plan) -> str:
            "DDP": f"with DDP ({len(plan.cards)} processes, one copy per GPU)",
            "FSDP": f"with FSDP full sharding ({len(plan.cards)} processes)"}[best.placement]
     ckpt = " with gradient checkpointing" if best.checkpointing else ""
+    estimate = " (an estimate: FSDP is not simulated sharded)" if best.estimate else ""
     return (f"Train {best.method.label}{ckpt} {how}: {gib(best.peak)} on the fullest GPU (cuda:{best.fullest}), "
-            f"{gib(best.headroom)} left.")
+            f"{gib(best.headroom)} left{estimate}.")
 
 
 def _auto_class(info) -> str:

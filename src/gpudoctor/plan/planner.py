@@ -61,6 +61,11 @@ class Row:
         return all(d["peak_reserved"] <= u for d, u in zip(self.devices, self.usable)) and not self.offloaded and not self.error
 
     @property
+    def estimate(self) -> bool:
+        """Arithmetic on another row's simulation that no sharded simulation checks yet (FSDP / ZeRO-3)."""
+        return self.placement == "FSDP" and not self.error
+
+    @property
     def verdict(self) -> str:
         if self.error:
             return "not simulated"
@@ -79,6 +84,7 @@ class Row:
                 "peak_reserved": self.peak, "peak_allocated": self.peak_allocated, "usable": self.usable[self.fullest],
                 "headroom": self.headroom, "fits": self.fits, "verdict": self.verdict, "cpu_ram": self.cpu_ram,
                 "seconds_per_sample": self.seconds_per_sample, "rules": self.rules, "source": self.source, "error": self.error,
+                "estimate": self.estimate,
                 "devices": self.devices}
 
 
@@ -154,33 +160,43 @@ class Planner:
                 devices[d] = run["devices"][i] if i < len(run["devices"]) else EMPTY
             return devices, offloaded, "simulated"
         counts = simulated.layers_per_device(self.info, dmap)
-        role_of = {d: (0 if d == resident[0] else roles_n - 1 if d == resident[-1] else 1) for d in resident}
-        roles = {k: (role_of[d] if isinstance(d, int) else d) for k, d in dmap.items() if simulated.layer_index(self.info, k) is None}
-        # each role's two depths: a role whose cards hold no decoder layer (only the embeddings, or only the
-        # norm and the head) is simulated with none, at both depths (its numbers do not depend on the others');
-        # a role whose cards hold fewer layers than the shallow copy is simulated at its own count and one more
-        first_depths, second_depths = [], []
-        for r in range(roles_n):
-            held = [counts.get(d, 0) for d in resident if role_of[d] == r]
-            low = min(held)
-            if max(held) == 0:
-                a = b = 0
-            elif 0 < low < depths(method)[0]:
-                a, b = low, low + 1
-            else:
-                a, b = depths(method)
-            first_depths.append(a)
-            second_depths.append(b)
-        first = self._sim(method, checkpointing, tuple(first_depths), roles, workload=workload)
-        second = self._sim(method, checkpointing, tuple(second_depths), roles, workload=workload)
+        if roles_n == 1:
+            devices[resident[0]] = self._pipeline_one_card(method, checkpointing, dmap, resident[0], counts, workload)
+            return devices, offloaded, "simulated per device, by layer"
+        # one reduced copy on four devices: the first card's modules, a middle card at two depths (its line; the
+        # per-layer growth of every card: a decoder layer adds the same weights, state and activations to the card
+        # that holds it), the last card's modules. The first and last cards are simulated at their own layer
+        # count when it is at most the shallow depth, else there and continued along the middle line.
+        k1, k2 = depths(method)
+        first, last = resident[0], resident[-1]
+        middle_held = [counts.get(d, 0) for d in resident[1:-1]]
+        low = min(middle_held, default=0)
+        a, b = (low, low + 1) if 0 < low < k1 else (k1, k2)
+        edge = {first: min(counts.get(first, 0), k1), last: min(counts.get(last, 0), k1)}
+        slot = {first: 0, last: 3}
+        roles = {k: (slot.get(d, 1) if isinstance(d, int) else d) for k, d in dmap.items()
+                 if simulated.layer_index(self.info, k) is None}
+        out = self._sim(method, checkpointing, (edge[first], a, b, edge[last]), roles, workload=workload)["devices"]
+        if len(out) < 4:  # a placeholder while listing what to simulate
+            out = [EMPTY] * 4
         for d in resident:
-            r = role_of[d]
-            if first_depths[r] == second_depths[r]:
-                devices[d] = first["devices"][r]
+            if d in slot:
+                point = out[slot[d]]
+                devices[d] = point if counts.get(d, 0) == edge[d] else simulated.extrapolate(
+                    point, _step(point, out[1], out[2]), counts.get(d, 0), edge[d], edge[d] + (b - a))
             else:
-                devices[d] = simulated.extrapolate(first["devices"][r], second["devices"][r], counts.get(d, 0),
-                                                   first_depths[r], second_depths[r])
+                devices[d] = simulated.extrapolate(out[1], out[2], counts.get(d, 0), a, b)
         return devices, offloaded, "simulated per device, by layer"
+
+    def _pipeline_one_card(self, method, checkpointing, dmap, card, counts, workload) -> dict:
+        """A map that puts every resident module on one card: that card's line through two depths."""
+        k1, k2 = depths(method)
+        held = counts.get(card, 0)
+        a, b = (held, held + 1) if 0 < held < k1 else (k1, k2)
+        roles = {k: (0 if isinstance(d, int) else d) for k, d in dmap.items() if simulated.layer_index(self.info, k) is None}
+        first = self._sim(method, checkpointing, (a,), roles, workload=workload)["devices"][0]
+        second = self._sim(method, checkpointing, (b,), roles, workload=workload)["devices"][0]
+        return simulated.extrapolate(first, second, held, a, b)
 
     # -- rows ---------------------------------------------------------------------------------------
     def placements(self, method: Method) -> list[str]:
@@ -231,6 +247,14 @@ class Planner:
         if not method.quant_bits:
             return self.info.num_params * _dtype_bytes(method.dtype)
         return self.module_bytes(method, [""])
+
+
+def _step(point: dict, low: dict, high: dict) -> dict:
+    """``point`` moved by the difference from ``low`` to ``high`` (every number and category)."""
+    out = {key: point[key] + high[key] - low[key] for key in ("peak_allocated", "peak_reserved")}
+    out["breakdown"] = {c: point["breakdown"].get(c, 0) + high["breakdown"].get(c, 0) - low["breakdown"].get(c, 0)
+                        for c in simulated.CATEGORIES}
+    return out
 
 
 def _dtype_bytes(dtype: str) -> int:
@@ -308,6 +332,14 @@ def make_plan(model: str, cards, workload: Workload, *, use_cache: bool = True, 
     return plan
 
 
+def fixed_part(row: Row) -> int:
+    """What of ``row``'s peak (fullest card, reserved) does not grow with the batch or the sequence: the peak
+    less the activations and temporaries at that moment (the search's point at 0, only for aiming)."""
+    device = row.devices[row.fullest]
+    growing = sum(device["breakdown"].get(c, 0) for c in ("activations", "temporaries", "other"))
+    return max(device["peak_reserved"] - growing, 0)
+
+
 def search_limits(planner: Planner, best: Row, info: ModelInfo) -> tuple[int | None, int | None]:
     """The largest batch (at the planned sequence length) and sequence length (at the planned batch) that
     fit ``best``'s method and placement; only that placement is simulated, and the two searches' probes
@@ -324,6 +356,7 @@ def search_limits(planner: Planner, best: Row, info: ModelInfo) -> tuple[int | N
         planner.prefetch([(best.method, best.checkpointing, change[name](x), best.placement) for name, x in probes])
 
     max_seq = int(getattr(info.config, "max_position_embeddings", 0) or getattr(info.config, "n_positions", 0) or 32768)
-    found = run_together({"batch": (steps(workload.batch, 4096), row_at("batch")),
-                          "seq": (steps(workload.seq, max_seq), row_at("seq"))}, before=before)
+    floor = fixed_part(best)
+    found = run_together({"batch": (steps(workload.batch, 4096, floor=floor), row_at("batch")),
+                          "seq": (steps(workload.seq, max_seq, floor=floor), row_at("seq"))}, before=before)
     return found["batch"], found["seq"]

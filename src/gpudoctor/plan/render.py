@@ -25,7 +25,7 @@ def table_rows(plan) -> list[tuple[str, ...]]:
             continue
         out.append((r.method.label, "yes" if r.checkpointing else "no",
                     r.placement if r.placement != "DDP" and r.placement != "FSDP" else f"{r.placement} x{len(r.devices)}",
-                    f"{gib(r.peak)} (cuda:{r.fullest})" if len(r.devices) > 1 else gib(r.peak),
+                    (f"{gib(r.peak)} (cuda:{r.fullest})" if len(r.devices) > 1 else gib(r.peak)) + (" estimate" if r.estimate else ""),
                     gib(r.cpu_ram) if r.cpu_ram else "-", r.verdict,
                     gib(r.headroom) if r.headroom >= 0 else f"-{gib(-r.headroom)}", times[id(r)], ", ".join(r.rules) or "-"))
     return out
@@ -44,7 +44,10 @@ def footer_lines(plan) -> list[str]:
     lines = ["", "peak = memory reserved by PyTorch's caching allocator at the step's peak (what an OOM compares), simulated by "
              "gpudoctor's engine; 'tight' = allocated fits, reserved does not (the allocator may recover by freeing its cache). "
              "time/sample: relative estimate from FLOPs and the cards' spec throughput (communication ignored). "
-             "DDP/FSDP: each GPU runs its own batch.", "",
+             "DDP/FSDP: each GPU runs its own batch." + (
+                 " FSDP 'estimate': not simulated sharded; the 1-GPU simulation with its weights, gradients and AdamW "
+                 "state divided by the number of GPUs, plus two gathered layers." if any(r.estimate for r in plan.rows) else ""),
+             "",
              "Recommendation: " + recommendation(plan)]
     if plan.recommended is not None:
         if plan.largest_batch or plan.largest_seq:

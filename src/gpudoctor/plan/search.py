@@ -3,9 +3,12 @@
 Memory grows almost linearly with the batch and with the sequence length (plus a quadratic term where
 attention scores are materialized), so each step aims at the value where the curve through the probes
 nearest the boundary (a line through two, a parabola through three) meets the card's usable memory, then
-checks its neighbour; bisection takes over when the aim leaves the bracket or was already probed. From
-one probe the next is eight times as far (or half). Every probe is a (cached) simulation; the answer is
-always a probed value that fits with the next one up probed and not fitting (or the limit).
+checks its neighbour; bisection takes over when the aim leaves the bracket or was already probed. The
+curve also passes near ``floor``, the memory the step needs at 0 (what does not grow with the batch or the
+sequence: weights, gradients, optimizer state, the allocator's slack): given it, the first aim is the line
+from it through the first probe, and later ones a parabola through it and two probes, instead of a blind
+jump eight times as far. Every probe is a (cached) simulation; the answer is always a probed value that
+fits with the next one up probed and not fitting (or the limit); ``floor`` only aims.
 
 :func:`steps` is a generator (it yields the value to probe and receives its row), so that
 :func:`run_together` can advance several searches at once and simulate their probes side by side.
@@ -16,12 +19,14 @@ from __future__ import annotations
 import math
 
 GROWTH = 8
+ROUNDING = 16 << 20  # peaks closer than this differ by the allocator's segment rounding as much as by the curve
 
 
-def steps(start: int, limit: int, max_probes: int = 16):
+def steps(start: int, limit: int, max_probes: int = 16, floor: int | None = None):
     """Yields values to probe; is sent each value's row (``.fits``, ``.peak``, ``.usable``, ``.fullest``);
-    returns the largest ``x`` in ``[1, limit]`` that fits (fitting is assumed monotone), or None."""
-    probes: dict[int, int] = {}
+    returns the largest ``x`` in ``[1, limit]`` that fits (fitting is assumed monotone), or None.
+    ``floor``: the peak's part that does not grow with ``x`` (a point at 0 for the aim, never an answer)."""
+    probes: dict[int, int] = {} if floor is None else {0: floor}
     lo, hi = 0, limit + 1  # lo fits (0: nothing known), hi does not (limit + 1: nothing known)
     x = max(1, min(start, limit))
     usable = None
@@ -42,6 +47,7 @@ def steps(start: int, limit: int, max_probes: int = 16):
 def _next(probes: dict, lo: int, hi: int, limit: int, usable: int) -> int:
     guess = _aim(probes, lo, hi, usable)
     if guess is not None:
+        guess = min(guess, limit)
         # the boundary is between guess and guess + 1: probe whichever of the two is not known yet
         for candidate in (guess, guess + 1):
             if lo < candidate < hi and candidate not in probes:
@@ -56,7 +62,12 @@ def _aim(probes: dict, lo: int, hi: int, usable: int) -> int | None:
     if len(probes) < 2:
         return None
     ends = [x for x in (lo, hi) if x in probes]  # the bracket's probed ends, and the probes nearest them
-    near = (ends + sorted((x for x in probes if x not in ends), key=lambda x: min(abs(x - end) for end in ends)))[:3]
+    others = [x for x in probes if x not in ends]
+    if len(ends) == 2:
+        # a probe whose peak is within a few allocator segments of an end's measures the rounding, not the
+        # curve's bend: a parabola through it aims anywhere (the line through the ends is better)
+        others = [x for x in others if min(abs(probes[x] - probes[end]) for end in ends) >= ROUNDING]
+    near = (ends + sorted(others, key=lambda x: min(abs(x - end) for end in ends)))[:3]
     root = _quadratic_root(sorted(near), [probes[x] for x in sorted(near)], usable) if len(near) == 3 else None
     if root is None:
         x1, x2 = sorted(near[:2])
@@ -88,9 +99,9 @@ def _quadratic_root(xs, ys, target) -> float | None:
     return min(rising) if rising else None
 
 
-def largest(row_at, start: int, limit: int, max_probes: int = 16) -> int | None:
+def largest(row_at, start: int, limit: int, max_probes: int = 16, floor: int | None = None) -> int | None:
     """The largest ``x`` in ``[1, limit]`` whose ``row_at(x).fits``; None if none (one search, probe by probe)."""
-    return run_together({"x": (steps(start, limit, max_probes), row_at)})["x"]
+    return run_together({"x": (steps(start, limit, max_probes, floor), row_at)})["x"]
 
 
 def run_together(searches: dict, before=None) -> dict:

@@ -5,10 +5,12 @@ simulates copies of the architecture with fewer decoder layers and extrapolates 
 
 * one GPU: the model with ``K1`` and ``K2`` layers on one card; every number (peak allocated and
   reserved, each category at the peak, trainable bytes) is ``a + b * layers`` through those two points;
-* a ``device_map`` pipeline: the first, a middle and the last device of the real map (accelerate's
-  balanced map for the real cards, computed on a meta model as the engine's ``from_pretrained`` does),
-  each with ``K1`` and then ``K2`` layers, the embeddings and the head where the real map puts them;
-  each real device is its role's line at the number of layers it holds.
+* a ``device_map`` pipeline (accelerate's balanced map for the real cards, computed on a meta model as
+  the engine's ``from_pretrained`` does): one copy on four devices, the first card's modules, a middle
+  card with ``K1`` and one with ``K2`` layers, the last card's modules (the embeddings and the head where
+  the real map puts them); each middle card is the line through the two middle devices at the layers it
+  holds, the first and last cards their own device continued along that line (a layer adds the same
+  bytes to whichever card holds it); see :meth:`gpudoctor.plan.planner.Planner.pipeline`.
 
 Every layer of a decoder is the same shape, so weights, gradients, optimizer state and saved
 activations grow by the same bytes per layer; the peak phase is the same at every depth. The
@@ -93,7 +95,12 @@ class ModelInfo:
     remote_code: bool = False  # the architecture is the Hub's remote code (loaded with trust_remote_code=True)
 
     def config_key(self) -> str:
-        return json.dumps(self.config.to_dict(), sort_keys=True, default=str)
+        """The config as part of a cache key. Without its dtype: building a model from the config
+        (``_from_config(config, dtype=...)``, e.g. each method's meta model for its device map) writes that
+        dtype into the shared config, so the key would depend on which model was built last (a cache miss,
+        or a prefetched result simulated twice); the case's dtype is the method's, keyed on its own."""
+        data = {k: v for k, v in self.config.to_dict().items() if k not in ("dtype", "torch_dtype")}
+        return json.dumps(data, sort_keys=True, default=str)
 
 
 def resolve(model: str) -> ModelInfo:
@@ -476,6 +483,11 @@ def _child(send, args) -> None:
         from transformers.utils import logging
 
         logging.set_verbosity_error()
+        from gpudoctor.simulate import hub
+
+        # a spawned child has not registered gpudoctor's rebuilds of remote-code architectures (e.g. ChatGLM-6B)
+        # with the Auto classes the way the parent's config resolution did
+        hub.local_code_config({"model_type": getattr(args[0].config, "model_type", None)}, None)
         result = _run(*args)
     except BaseException as exc:  # reported to the parent, which says which case failed
         result = {"error": f"{type(exc).__name__}: {exc}"}
