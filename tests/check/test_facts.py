@@ -10,9 +10,11 @@ from gpudoctor.check.facts import (
     TRAIT_CAST,
     TRAIT_DISPATCHED,
     TRAIT_EMPTY,
+    TRAIT_FP16,
     TRAIT_OFFLOADED,
     TRAIT_PEFT,
     TRAIT_PREPARED,
+    FollowedCall,
     collect,
     string_value,
 )
@@ -369,6 +371,159 @@ def test_keyword_argument_through_kwargs_dicts() -> None:
     sites = calls_named(facts, "from_pretrained")
     found = [facts.keyword_argument(s.node, "device_map", s.order, s.scope) for s in sites]
     assert [string_value(f) if f is not None else None for f in found] == ["auto", "balanced", "sequential", "cuda:0", None]
+
+
+def _live_keys(facts, name: str = "from_pretrained") -> list[list[str]]:
+    """The live entries of each ``**`` dict of each ``name(...)`` call, as ``key=value`` texts."""
+    out = []
+    for site in calls_named(facts, name):
+        entries = [e for c in facts.kwargs_contents(site.node, site.order, site.scope) for e in c.entries.values()]
+        out.append([f"{e.key}={facts.module.code_for_node(e.value)}" for e in entries])
+    return out
+
+
+def test_dict_contents_replays_stores_updates_and_removals_in_flow_order() -> None:
+    facts = facts_of(
+        """
+        from transformers import AutoModelForCausalLM as M
+        kw = {"device_map": "auto", "load_in_8bit": True}
+        kw["torch_dtype"] = "auto"
+        del kw["load_in_8bit"]
+        kw.update({"device_map": "balanced"}, low_cpu_mem_usage=True)
+        kw.setdefault("device_map", "cuda")
+        kw.setdefault("revision", "main")
+        kw.pop("torch_dtype", None)
+        M.from_pretrained("m", **kw)
+        kw["late"] = 1
+        cleared = dict(device_map="auto")
+        cleared.clear()
+        M.from_pretrained("m", **cleared)
+        """
+    )
+    assert _live_keys(facts) == [
+        ['device_map="balanced"', "low_cpu_mem_usage=True", 'revision="main"'],
+        [],
+    ]
+
+
+def test_dict_contents_follows_aliases_both_ways() -> None:
+    facts = facts_of(
+        """
+        from transformers import AutoModelForCausalLM as M
+        base = {"load_in_8bit": True}
+        kwargs = base
+        base["device_map"] = "auto"
+        M.from_pretrained("m", **kwargs)
+        other = {"load_in_4bit": True, "device_map": "auto"}
+        alias = other
+        del alias["load_in_4bit"]
+        M.from_pretrained("m", **other)
+        rebound = {"load_in_4bit": True}
+        rebound = {}
+        rebound["device_map"] = "auto"
+        M.from_pretrained("m", **rebound)
+        """
+    )
+    assert _live_keys(facts) == [
+        ["load_in_8bit=True", 'device_map="auto"'],
+        ['device_map="auto"'],
+        ['device_map="auto"'],
+    ]
+
+
+def test_dict_contents_of_what_the_file_does_not_build() -> None:
+    facts = facts_of(
+        """
+        from transformers import AutoModelForCausalLM as M
+        def load(kwargs, dict):
+            kwargs["device_map"] = "auto"
+            M.from_pretrained("m", **kwargs)
+            M.from_pretrained("m", **dict(device_map="auto"))
+        """
+    )
+    assert _live_keys(facts) == [[], []]  # a parameter, and a shadowed ``dict``
+    [first, _] = calls_named(facts, "from_pretrained")
+    assert facts.dict_contents(first.node.args[1].value, first.order, first.scope) is None
+
+
+def test_keyword_argument_skips_a_deleted_entry() -> None:
+    facts = facts_of(
+        """
+        from transformers import AutoModelForCausalLM as M
+        kw = {"device_map": "auto"}
+        kw.pop("device_map")
+        M.from_pretrained("m", **kw)
+        """
+    )
+    [site] = calls_named(facts, "from_pretrained")
+    assert facts.keyword_argument(site.node, "device_map", site.order, site.scope) is None
+
+
+def test_follow_name_to_assignments_and_every_argument() -> None:
+    facts = facts_of(
+        """
+        class Net:
+            def __init__(self):
+                self.path = "ckpt.pt"
+
+            def go(self):
+                return self.path
+
+        def helper(x, unused):
+            y = x
+            return y
+
+        helper("a", 1)
+        helper("b", 2)
+        for z in range(3):
+            print(z)
+        """
+    )
+    [_, go, helper_scope] = facts.functions
+    text = lambda sources: [(facts.module.code_for_node(n), order) for n, order, _ in sources]  # noqa: E731
+    [ret] = facts.returns[id(helper_scope)]
+    [(value, order, scope)] = facts.follow_name(ret.value, ret.order, ret.scope)
+    assert facts.module.code_for_node(value) == "x"
+    assert [t for t, _ in text(facts.follow_name(value, order, scope))] == ['"a"', '"b"']
+    assert facts.follow_name(value, order, scope, params=False) is None
+    first_call = calls_named(facts, "helper")[0]
+    only = facts.follow_name(value, order, scope, passed=FollowedCall(first_call, helper_scope))
+    assert [t for t, _ in text(only)] == ['"a"']
+    assert facts.follow_name(value, order, scope, stop=lambda binding, at: binding.kind == "param") is None
+    # ``self.x`` only when asked; a loop target is not followed
+    [self_ret] = facts.returns[id(go)]
+    assert facts.follow_name(self_ret.value, self_ret.order, self_ret.scope) is None
+    [(path, _, _)] = facts.follow_name(self_ret.value, self_ret.order, self_ret.scope, attributes=True)
+    assert string_value(path) == "ckpt.pt"
+    [printed] = calls_named(facts, "print")
+    assert facts.follow_name(printed.node.args[0].value, printed.order, printed.scope) is None
+    # through_name: the first result when every source gives one
+    read = lambda node, order, scope: string_value(node)  # noqa: E731
+    assert facts.through_name(read, value, order, scope) == "a"
+    assert facts.through_name(lambda node, order, scope: string_value(node) == "b" or None, value, order, scope) is None
+
+
+def test_diffusers_pipeline_components_are_models() -> None:
+    facts = facts_of(
+        """
+        import torch
+        from diffusers import OnnxStableDiffusionPipeline, StableDiffusionPipeline
+        pipe = StableDiffusionPipeline.from_pretrained("sd", torch_dtype=torch.float16)
+        pipe.unet.to(dtype=torch.float32)
+        unet = pipe.unet
+        print(unet, pipe.vae, pipe.tokenizer, pipe.scheduler)
+        onnx = OnnxStableDiffusionPipeline.from_pretrained("sd")
+        print(onnx.unet)
+        """
+    )
+    [first, second] = calls_named(facts, "print")
+    unet, vae, tokenizer, scheduler = (facts.value(a.value, first.order, first.scope) for a in first.node.args)
+    assert facts.value(facts.calls[0].node).kind == "diffusion_pipeline"
+    assert (unet.kind, vae.kind, tokenizer.kind, scheduler.kind) == ("model", "model", "unknown", "unknown")
+    assert unet.carrier(TRAIT_CAST).traits[TRAIT_CAST][0] == "float32"  # its own cast is the latest
+    assert vae.carrier(TRAIT_FP16) is not None and vae.carrier(TRAIT_CAST) is None  # the pipeline's torch_dtype
+    assert unet.origin().trait("component") == "unet"
+    assert facts.value(second.node.args[0].value, second.order, second.scope).kind == "unknown"
 
 
 def test_torchvision_pipeline_output_is_a_tensor() -> None:

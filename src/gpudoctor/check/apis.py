@@ -125,6 +125,19 @@ def hf_class_method(qualname: str) -> tuple[str, str] | None:
     return None
 
 
+def diffusers_model_load(qualname: str) -> tuple[str, str] | None:
+    """``diffusers.UNet2DConditionModel.from_pretrained`` (also through a deep module path) -> (class, method):
+    diffusers' model classes (``*Model``, ``Autoencoder*``: ``ModelMixin``, a ``torch.nn.Module``) loaded from a
+    checkpoint. Pipelines (``*Pipeline``) hold several models and are not one."""
+    parts = qualname.split(".")
+    if parts[0] != "diffusers" or len(parts) < 3 or parts[-1] not in ("from_pretrained", "from_single_file"):
+        return None
+    owner = parts[-2]
+    if owner[:1].isupper() and (owner.endswith("Model") or owner.startswith("Autoencoder")):
+        return owner, parts[-1]
+    return None
+
+
 def is_model_class(name: str) -> bool:
     return bool(_MODEL_CLASS.match(name)) and not name.endswith(_NON_MODEL_SUFFIXES)
 
@@ -144,6 +157,48 @@ def is_causal_lm_class(name: str) -> bool:
 
 def is_seq2seq_class(name: str) -> bool:
     return "Seq2Seq" in name or name.endswith("ForConditionalGeneration")
+
+
+# Encoder-decoder (and audio-to-text) language models: their forward returns vocabulary-sized logits per target
+# token (``Seq2SeqLMOutput`` or a ``*CausalLMOutput*``). transformers 5.24: the classes of
+# ``MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES`` and ``MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES``
+# (``models/auto/modeling_auto.py``) except Dia (audio-codebook logits), and their Auto/PEFT loaders.
+SEQ2SEQ_LM_CLASSES = frozenset({
+    "AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq", "AutoPeftModelForSeq2SeqLM", "EncoderDecoderModel",
+    "SpeechEncoderDecoderModel", "MarianMTModel", "SeamlessM4TForTextToText", "SeamlessM4Tv2ForTextToText",
+    "SeamlessM4TForSpeechToText", "SeamlessM4Tv2ForSpeechToText", "SpeechT5ForSpeechToText",
+    *(f"{m}ForConditionalGeneration" for m in (
+        "AudioFlamingo3", "Bart", "BigBirdPegasus", "Blenderbot", "BlenderbotSmall", "Canary", "CohereAsr", "FSMT",
+        "FunAsrNano", "GlmAsr", "GraniteSpeech", "GraniteSpeechPlus", "KyutaiSpeechToText", "LED", "LongT5", "M2M100",
+        "MBart", "MT5", "Moonshine", "MoonshineStreaming", "MossTranscribeDiarize", "MusicFlamingo", "Mvp",
+        "Nemotron3_5Transcribe", "NllbMoe", "OmniASR", "PLBart", "Pegasus", "PegasusX", "Pop2Piano", "ProphetNet",
+        "Qwen2Audio", "Qwen3ASR", "Speech2Text", "SwitchTransformers", "T5", "T5Gemma", "T5Gemma2", "UMT5",
+        "VibeVoice", "VibeVoiceAsr", "Voxtral", "VoxtralRealtime", "Whisper",
+    )),
+})
+
+
+# diffusers pipelines. A pipeline is no module, but the components it registers are: diffusers 0.42.1, the
+# ``__init__`` annotations of every ``*Pipeline`` class under ``diffusers/pipelines`` give these names torch
+# modules (``UNet2DConditionModel``, ``AutoencoderKL``, ``CLIPTextModel``, ``*Transformer2DModel``,
+# ``ControlNetModel``, ``VQModel``, ``MotionAdapter``...) in every torch pipeline; the tokenizers, schedulers
+# and feature extractors are not. The ONNX pipelines hold ``OnnxRuntimeModel`` components (not modules).
+DIFFUSION_PIPELINE_MODULES = frozenset({
+    "unet", "vae", "text_encoder", "text_encoder_2", "text_encoder_3", "transformer", "transformer_2",
+    "image_encoder", "controlnet", "prior", "movq", "vqvae", "motion_adapter",
+})
+# How a pipeline is loaded (``DiffusionPipeline.from_pretrained``; ``from_pipe`` reuses another's components).
+DIFFUSION_PIPELINE_LOADERS = frozenset({"from_pretrained", "from_single_file", "from_pipe"})
+
+
+def is_diffusion_pipeline_load(qualname: Optional[str]) -> bool:
+    """``diffusers.StableDiffusionPipeline.from_pretrained`` (any torch pipeline class, ``DiffusionPipeline``,
+    ``AutoPipelineForText2Image``...; not ``Onnx*``/``Flax*``)."""
+    parts = (qualname or "").split(".")
+    if len(parts) < 3 or parts[0] != "diffusers" or parts[-1] not in DIFFUSION_PIPELINE_LOADERS:
+        return False
+    name = parts[-2]
+    return (name.endswith("Pipeline") or name.startswith("AutoPipelineFor")) and "Onnx" not in name and not name.startswith("Flax")
 
 
 # Names a snippet (a notebook cell, a forum post, a star import) uses without importing them: an unbound

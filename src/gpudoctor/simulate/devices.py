@@ -8,6 +8,7 @@ in (:class:`DeviceTranslation`), and :func:`to_user` turns ``gpu`` back into ``c
 from __future__ import annotations
 
 import re
+import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -20,7 +21,18 @@ _DEVICE_REPR_RE = re.compile(r"device\(type='gpu'")
 
 class State:
     current = 0  # torch.cuda.set_device
-    autocast: list = []  # stack of (enabled, dtype, cast cache) for torch.autocast("cuda")
+    autocast: list = []  # stack of (enabled, dtype) for torch.autocast("cuda")
+    # autocast's weight-cast cache, as torch keeps it: one per thread, shared by nested contexts, emptied when the
+    # outermost context exits (torch.autocast.__exit__ -> clear_autocast_cache). The fp16 copies then live only as
+    # long as the autograd graph that saved them, so they are freed by reference counting, never by the cyclic GC.
+    autocast_cache: dict = {}
+
+    @classmethod
+    def reset(cls) -> None:
+        """Back to a process that never simulated (``Simulation.close``)."""
+        cls.current = 0
+        cls.autocast.clear()
+        cls.autocast_cache.clear()
 
 
 import torch.nn.functional as F  # noqa: E402
@@ -37,26 +49,31 @@ _FP32 = {F.softmax, F.log_softmax, F.cross_entropy, F.nll_loss, F.layer_norm, F.
 
 
 def _autocast_args(func, args, kwargs):
-    enabled, dtype, cache = State.autocast[-1]
+    enabled, dtype = State.autocast[-1]
     if not enabled:
         return args, kwargs
     target = dtype if func in _LOWER else torch.float32 if func in _FP32 else None
     if target is None:
         return args, kwargs
+    einsum = func is torch.einsum
+    return tuple(_autocast_cast(a, target, einsum) for a in args), {k: _autocast_cast(v, target, einsum) for k, v in kwargs.items()}
 
-    def cast(value):
-        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != target and value.dtype != torch.float64:
-            if target != torch.float32 and value.is_leaf and value.requires_grad:  # autocast caches weight casts
-                key = (id(value), target)
-                if key not in cache:
-                    cache[key] = value.to(target)
-                return cache[key]
-            return value.to(target)
-        if isinstance(value, (list, tuple)) and func is torch.einsum:
-            return type(value)(cast(v) for v in value)
-        return value
 
-    return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+def _autocast_cast(value, target, einsum: bool):
+    # A module-level function, not a closure over the cache: a nested function that calls itself is a reference
+    # cycle (function -> cell -> function) that kept the cache, and every fp16 weight copy in it, alive until the
+    # cyclic GC ran, so the simulated peaks depended on when Python happened to collect.
+    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != target and value.dtype != torch.float64:
+        if target != torch.float32 and value.is_leaf and value.requires_grad:  # autocast caches weight casts
+            key = (id(value), target)
+            cached = State.autocast_cache.get(key)
+            if cached is None or cached[0]() is not value:
+                cached = State.autocast_cache[key] = (weakref.ref(value), value.to(target))
+            return cached[1]
+        return value.to(target)
+    if isinstance(value, (list, tuple)) and einsum:
+        return type(value)(_autocast_cast(v, target, einsum) for v in value)
+    return value
 
 
 def translate(device):
@@ -170,12 +187,14 @@ class Autocast:
 
     @staticmethod
     def enter(enabled: bool, dtype) -> None:
-        State.autocast.append((enabled, dtype or torch.float16, {}))
+        State.autocast.append((enabled, dtype or torch.float16))
 
     @staticmethod
     def exit() -> None:
         if State.autocast:
             State.autocast.pop()
+        if not State.autocast:
+            State.autocast_cache.clear()
 
 
 def _move_constant(tensor, device):

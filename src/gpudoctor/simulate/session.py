@@ -165,6 +165,7 @@ class Simulation:
                 setattr(owner, name, value)
         self._saved.clear()
         self._stack.close()
+        devices.State.reset()  # set_device and an autocast left open by an exception must not leak into the next run
 
     def _set(self, owner, name: str, value) -> None:
         # Save the raw attribute, not getattr's result: for a classmethod that is a method bound to this

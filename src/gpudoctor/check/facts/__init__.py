@@ -16,6 +16,8 @@ and its metadata providers cost 100-400 ms per file, which we never pay here.
 """
 
 from gpudoctor.check.facts.collector import collect
+from gpudoctor.check.facts.dicts import DictContents, DictEntry
+from gpudoctor.check.facts.lattice import FollowedCall
 from gpudoctor.check.facts.model import FileFacts
 from gpudoctor.check.facts.nodes import (
     call_arg,
@@ -56,7 +58,7 @@ from gpudoctor.check.facts.values import (
 )
 
 __all__ = [
-    "AttributeAssignSite", "AugAssignSite", "Binding", "CallSite", "DeviceMap", "DictEntrySite", "FileFacts",
+    "AttributeAssignSite", "AugAssignSite", "Binding", "CallSite", "DeviceMap", "DictContents", "DictEntry", "DictEntrySite", "FileFacts", "FollowedCall",
     "Frame", "FunctionFrame", "IfFrame", "LoopFrame", "Scope", "SubscriptAssignSite", "UNKNOWN", "Value",
     "WithFrame", "TRAIT_CAST", "TRAIT_DISPATCHED", "TRAIT_EMPTY", "TRAIT_FP16", "TRAIT_MOVED", "TRAIT_OFFLOADED",
     "TRAIT_PEFT", "TRAIT_PREPARED", "TRAIT_QUANTIZED", "call_arg", "collect", "dotted", "int_value", "is_true",

@@ -371,6 +371,8 @@ class _Collector:
         if self.statement is not None:
             self.facts._statement_by_node[id(node)] = self.statement
         key = name_key(receiver) if receiver is not None else None
+        if key is None and type(receiver) is cst.Attribute and name_key(receiver.value) is not None:
+            key = f"{name_key(receiver.value)}.{receiver.attr.value}"  # ``pipe.unet.to(...)``: see _pipeline_component
         if key is not None:
             self.facts._calls_on_key.setdefault(key, []).append(site)
         if site.qualname in apis.DISPATCH:

@@ -3,7 +3,9 @@
 Kinds (``Value.kind``): model (any nn.Module, with its traits), accelerator, optimizer, scheduler,
 dataloader, batch (an item a dataloader yields), tensor (a batch item, ``torch.*`` results, arithmetic and
 views of tensors), model_output, tokenizer, tokenizer_output, device, tuple (a tuple/list display, or what a
-function returns as several values), trainer, training_args, device_map, unknown.
+function returns as several values), trainer, training_args, device_map, diffusion_pipeline (a diffusers
+pipeline: its ``unet``/``vae``/``text_encoder``/``transformer``... are models, ``apis.DIFFUSION_PIPELINE_MODULES``),
+unknown.
 
 Values flow through assignments, unpacking, ``for`` targets (``enumerate``/``zip``/``tqdm``/``iter``,
 the file's own generators), ``next()``, comprehensions, attribute stores on ``self``, returns of the file's
@@ -13,7 +15,7 @@ Kept as a mixin of ``FileFacts`` (``model.py``) so evaluation stays one cached r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional
 
 import libcst as cst
 
@@ -29,6 +31,7 @@ BATCH = "batch"
 DEVICE = "device"
 TUPLE = "tuple"
 MODEL_OUTPUT = "model_output"
+DIFFUSION_PIPELINE = "diffusion_pipeline"
 TOKENIZER_OUTPUT = "tokenizer_output"
 
 # Iteration wrappers whose items are the items of their first argument.
@@ -51,6 +54,14 @@ _DEVICE_PREFIXES = ("cuda", "cpu", "mps", "xpu", "npu", "meta")
 _TENSOR_TRANSFORMS = {"ToTensor", "PILToTensor", "Normalize", "ConvertImageDtype", "RandomErasing", "ToImage", "ToDtype",
                       "ToPureTensor"}
 _TENSOR_TRANSFORM_FUNCTIONS = {"to_tensor", "pil_to_tensor", "normalize", "convert_image_dtype"}
+
+
+class FollowedCall(NamedTuple):
+    """A call of the file's own function being followed into (``helper(w)`` into ``def helper(x)``): inside
+    ``callee``, its parameters stand for what ``site`` passes, not for what every call passes."""
+
+    site: "CallSite"
+    callee: "Scope"
 
 
 def _tensor(node: cst.CSTNode, **traits) -> Value:
@@ -79,6 +90,7 @@ class ExpressionValues:
     def value(self, node, order=None, scope=None) -> Value: ...  # pragma: no cover
     def qualname(self, node) -> Optional[str]: ...  # pragma: no cover
     def binding_at(self, key, order, scope): ...  # pragma: no cover
+    def _pipeline_component(self, node, pipeline, order, scope) -> Value: ...  # pragma: no cover
 
     # ------------------------------------------------------------------ questions
 
@@ -251,6 +263,8 @@ class ExpressionValues:
             return Value(TENSOR, node, base=base)
         if base.kind == "model" and attr in ("weight", "bias"):
             return _tensor(node, parameter=base)
+        if base.kind == DIFFUSION_PIPELINE and attr in apis.DIFFUSION_PIPELINE_MODULES:
+            return self._pipeline_component(node, base, order, scope)
         return UNKNOWN
 
     def _evaluate_other_call(self, call: cst.Call, q: Optional[str], order: int, scope: "Scope", site) -> Value:
@@ -262,6 +276,8 @@ class ExpressionValues:
                 return self._torch_call(call, parts, order, scope)
             if parts[:2] == ["torchvision", "transforms"] and parts[-1] in _TENSOR_TRANSFORM_FUNCTIONS:
                 return _tensor(call, created=q)  # TF.to_tensor(img)
+            if q == "copy.deepcopy" and call.args:
+                return self._copied_model(call, order, scope)
             if _builds_vision_model(parts):
                 return Value("model", call, {"class": parts[-1], "module": True})
             return UNKNOWN
@@ -284,6 +300,15 @@ class ExpressionValues:
         if site is not None:
             return self._own_call_value(call, site)
         return UNKNOWN
+
+    def _copied_model(self, call: cst.Call, order: int, scope: "Scope") -> Value:
+        """``ema = copy.deepcopy(model)``: another model of the same class, a new object (its own origin: what is
+        done to ``model`` later, a move or ``prepare``, is not done to the copy)."""
+        copied = self.value(call.args[0].value, order, scope)
+        if copied.kind != "model":
+            return UNKNOWN
+        traits = {k: copied.trait(k) for k in ("class", "module") if copied.has(k)}
+        return Value("model", call, traits)
 
     def _transformed_tensor(self, call: cst.Call, order: int, scope: "Scope") -> Optional[Value]:
         """``tfms(img)`` where ``tfms`` is a torchvision transform (or ``Compose`` pipeline) that ends in a
@@ -407,6 +432,44 @@ class ExpressionValues:
         if isinstance(param, cst.Param) and param.default is not None:
             return self.value(param.default, binding.order, binding.scope)
         return UNKNOWN
+
+    def follow_name(
+        self, node: Optional[cst.CSTNode], order: int, scope: "Scope", *, params: bool = True, attributes: bool = False,
+        stop: Optional[Callable[["Binding", int], bool]] = None, passed: Optional[FollowedCall] = None,
+    ) -> Optional[list[tuple[cst.BaseExpression, int, "Scope"]]]:
+        """What the name ``node`` (``self.x`` too when ``attributes``) stands for at ``order``, as (expression,
+        order, scope) to read: the value of its plain assignment; for a parameter (when ``params``), the
+        argument of every call of the file that passes one (see ``param_sources``: possibly none). None when
+        it is not followed: not a name, unbound, bound otherwise (a loop target, an unpacking, ``with``,
+        ``def``), or ``stop(binding, order)`` says the binding no longer holds at ``order``."""
+        key = name_key(node) if node is not None else None
+        if key is None or (key.startswith("self.") and not attributes):
+            return None
+        binding = self.binding_at(key, order, scope)
+        if binding is None or (stop is not None and stop(binding, order)):
+            return None
+        if binding.kind == "param":
+            return self.param_sources(binding, passed) if params else None
+        if binding.kind != "assign" or binding.value is None:
+            return None
+        return [(binding.value, binding.order, binding.scope)]
+
+    def through_name(self, read: Callable[..., Any], node: Optional[cst.CSTNode], order: int, scope: "Scope", **follow) -> Any:
+        """``read(expression, order, scope)`` of what the name ``node`` stands for (``follow_name``, with its
+        options): the first result when every source gives one (a parameter: every call's argument agrees),
+        else None."""
+        sources = self.follow_name(node, order, scope, **follow)
+        found = [read(*source) for source in sources or ()]
+        return found[0] if found and all(found) else None
+
+    def param_sources(self, binding: "Binding", passed: Optional[FollowedCall] = None) -> list:
+        """(argument, order, scope) for parameter ``binding``: what every call of the file passes, or only what
+        ``passed.site`` passes when the parameter belongs to ``passed.callee`` (the call being followed; none
+        when that call passes it by keyword-star or not at all)."""
+        arguments = list(self._param_arguments(binding))
+        if passed is not None and passed.callee is binding.scope:
+            return [a for a in arguments if a[1] == passed.site.order and a[2] is passed.site.scope][:1]
+        return arguments
 
     def param_argument(self, binding: "Binding"):
         """(the argument, order, scope) the first call of the function passes for parameter ``binding``."""

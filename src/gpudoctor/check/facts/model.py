@@ -9,7 +9,8 @@ from typing import Any, Iterator, Optional
 import libcst as cst
 
 from gpudoctor.check import apis
-from gpudoctor.check.facts.lattice import ExpressionValues
+from gpudoctor.check.facts.dicts import DictContentsQueries
+from gpudoctor.check.facts.lattice import DIFFUSION_PIPELINE, ExpressionValues
 from gpudoctor.check.facts.nodes import (
     call_arg,
     dotted,
@@ -69,7 +70,7 @@ _MEMORY_SHORT_HINT = re.compile(
 )
 
 
-class FileFacts(ExpressionValues):
+class FileFacts(DictContentsQueries, ExpressionValues):
     """Facts about one module. Build with :func:`collect`."""
 
     def __init__(self, module: cst.Module, source: str, path: str = "<string>") -> None:
@@ -300,6 +301,18 @@ class FileFacts(ExpressionValues):
                 current = current.parent  # class bodies are not enclosing scopes for methods
         return None
 
+    def attribute_store(self, node: Optional[cst.CSTNode], order: int, scope: Scope) -> Optional[AttributeAssignSite]:
+        """The last ``args.max_train_steps = ...`` before ``order`` that stores the attribute path ``node`` reads
+        (a dotted path on a plain name, not ``self.x``, which is a binding), in ``scope`` or at module level."""
+        path = dotted(node) if isinstance(node, cst.Attribute) else None
+        if path is None or path.startswith("self."):
+            return None
+        stores = [
+            a for a in self.attribute_assigns
+            if a.order < order and (a.scope is scope or a.scope is self.module_scope) and dotted(a.target) == path
+        ]
+        return max(stores, key=lambda a: a.order) if stores else None
+
     def assignment_of(self, node: Optional[cst.CSTNode], order: int, scope: Scope) -> Optional[Binding]:
         """The plain ``name = value`` (or ``self.x = value``) that ``node`` refers to at ``order``; None for
         anything else (a parameter, a loop target, an unpacking, an unknown name)."""
@@ -439,22 +452,9 @@ class FileFacts(ExpressionValues):
                 continue
             if site.qualname in apis.DISPATCH:
                 value = self._dispatched(value, site)
-            elif value.kind == "model" and site.method in apis.MODULE_MOVES | apis.MODULE_CASTS:
+            elif value.kind in ("model", DIFFUSION_PIPELINE) and site.method in apis.MODULE_MOVES | apis.MODULE_CASTS:
                 value = self._moved_or_cast(value, site)
         return value
-
-    def key_removed(self, base_key: str, key: str, after: int, before: int, scope: Scope) -> bool:
-        """Entry ``key`` of the dict bound to ``base_key`` is removed (``del d[key]``, ``d.pop(key)``) between
-        ``after`` and ``before``, in a function that sees the same binding as ``scope``."""
-        for deletion in self.key_deletions:
-            if deletion.base_key == base_key and deletion.key == key and after < deletion.order < before \
-                    and self._same_namespace(deletion.scope, scope, base_key):
-                return True
-        for site in self.calls:
-            if site.method == "pop" and name_key(site.receiver) == base_key and after < site.order < before \
-                    and string_value(site.arg(0)) == key and self._same_namespace(site.scope, scope, base_key):
-                return True
-        return False
 
     def _same_namespace(self, a: Scope, b: Scope, key: str) -> bool:
         if a is b:
@@ -499,6 +499,8 @@ class FileFacts(ExpressionValues):
                 return Value("optimizer", call)
             if apis.is_scheduler(q):
                 return Value("scheduler", call)
+            if apis.is_diffusion_pipeline_load(q):
+                return self._loaded_pipeline(call, order, scope)
             owner_method = apis.hf_class_method(q)
             if owner_method:
                 owner, method = owner_method
@@ -506,12 +508,15 @@ class FileFacts(ExpressionValues):
                     return self._loaded_model(call, owner, method, order, scope, context)
                 if method == "from_pretrained" and "Tokenizer" in owner:
                     return Value("tokenizer", call)
+            diffusers_load = apis.diffusers_model_load(q)
+            if diffusers_load:
+                return self._loaded_model(call, *diffusers_load, order, scope, context)
         if isinstance(call.func, cst.Attribute):
             method = call.func.attr.value
             receiver = call.func.value
             if method in apis.MODULE_MOVES | apis.MODULE_CASTS:
                 base = self.value(receiver, order, scope)
-                if base.kind == "model" and site is not None:
+                if base.kind in ("model", DIFFUSION_PIPELINE) and site is not None:
                     return self._moved_or_cast(base, site)
                 if base.kind == "unknown":
                     return UNKNOWN  # a tensor, a module, a batch: ``.to()`` says nothing about which
@@ -525,58 +530,22 @@ class FileFacts(ExpressionValues):
                 return Value("tuple", call, {"items": items, "at": (order, scope), TRAIT_PREPARED: site})
         return self._evaluate_other_call(call, q, order, scope, site)
 
-    def _kwargs_dicts(self, call: cst.Call, order: int, scope: Scope) -> Iterator[tuple[str, Binding]]:
-        """(name, its assignment) for each ``**name`` argument of ``call``."""
-        for arg in call.args:
-            key = name_key(arg.value) if arg.star == "**" else None
-            binding = self.binding_at(key, order, scope) if key is not None else None
-            for _ in range(3):  # ``kwargs = base_kwargs``: the dict it names
-                if binding is None or binding.kind != "assign" or not isinstance(binding.value, cst.Name):
-                    break
-                key = binding.value.value
-                binding = self.binding_at(key, binding.order, binding.scope)
-            if binding is not None and binding.kind == "assign":
-                yield key, binding
-
-    def keyword_argument(self, call: cst.Call, keyword: str, order: int, scope: Scope) -> Optional[cst.BaseExpression]:
-        """``call``'s ``keyword=`` argument, also when it comes in ``**kwargs`` from a dict the file builds:
-        ``kwargs = {"device_map": "auto"}`` or ``kwargs["device_map"] = "auto"`` before the call."""
-        found = call_arg(call, keyword=keyword)
-        if found is not None:
-            return found
-        for arg in call.args:  # ``**{"device_map": "auto"}``, ``**dict(device_map="auto")`` written in place
-            if arg.star == "**":
-                found = _literal_dict_entry(arg.value, keyword)
-                if found is not None:
-                    return found
-        for key, binding in self._kwargs_dicts(call, order, scope):
-            found = _literal_dict_entry(binding.value, keyword)
-            for site in self.subscript_assigns:
-                if site.base_key == key and binding.order < site.order < order and len(site.target.slice) == 1:
-                    index = site.target.slice[0].slice
-                    if isinstance(index, cst.Index) and string_value(index.value) == keyword:
-                        found = site.value
-            if found is not None:
-                return found
-        return None
-
     def keyword_conditions(self, call: cst.Call, order: int, scope: Scope) -> frozenset[str]:
         """The names that decide what ``call``'s ``**kwargs`` dict holds: the parameters its values come from
         (``{"device_map": device_map}``) and the tests of the ``if`` around ``kwargs["k"] = v``. Code guarded by
         a test of one of them (``if device_map is None: model.to(device)``) is on another path."""
         names: set[str] = set()
-        for key, binding in self._kwargs_dicts(call, order, scope):
-            if isinstance(binding.value, cst.Dict):
-                for element in binding.value.elements:
-                    if isinstance(element, cst.DictElement) and isinstance(element.value, cst.Name):
-                        source = self.binding_at(element.value.value, binding.order, binding.scope)
-                        if source is not None and source.kind == "param":
-                            names.add(element.value.value)
-            for site in self.subscript_assigns:
-                if site.base_key == key and binding.order < site.order < order:
-                    for frame in site.context:
-                        if isinstance(frame, IfFrame):
-                            names.update(n.value for n in walk(frame.test) if isinstance(n, cst.Name))
+        for contents in self.kwargs_contents(call, order, scope):
+            if not contents.bindings:
+                continue  # ``**{"device_map": device_map}`` written in place: as explicit as a keyword
+            for entry in contents.entries.values():
+                if entry.how == "display" and isinstance(entry.value, cst.Name):
+                    source = self.binding_at(entry.value.value, entry.order, entry.scope)
+                    if source is not None and source.kind == "param":
+                        names.add(entry.value.value)
+                for frame in entry.context:
+                    if isinstance(frame, IfFrame):
+                        names.update(n.value for n in walk(frame.test) if isinstance(n, cst.Name))
         return frozenset(names)
 
     def on_another_path(self, value: Value, context: tuple) -> bool:
@@ -597,7 +566,7 @@ class FileFacts(ExpressionValues):
         if any(isinstance(f, WithFrame) and f.qualname in apis.INIT_EMPTY for f in context):
             traits[TRAIT_EMPTY] = call
         keyword = functools.partial(self.keyword_argument, call, order=order, scope=scope)
-        traits.update(self._placement_traits(call, self.device_map(keyword("device_map"), order, scope)))
+        traits.update(self._placement_traits(call, self.device_map(keyword("device_map"), order, scope), order, scope))
         for kw in ("load_in_8bit", "load_in_4bit"):
             if is_true(keyword(kw)):
                 traits[TRAIT_QUANTIZED] = call
@@ -615,6 +584,31 @@ class FileFacts(ExpressionValues):
             traits["kwargs_conditions"] = conditions
         return Value("model", call, traits)
 
+    def _loaded_pipeline(self, call: cst.Call, order: int, scope: Scope) -> Value:
+        """A diffusers pipeline; ``torch_dtype=torch.float16`` loads every component in float16."""
+        dtype = self.keyword_argument(call, "torch_dtype", order, scope) or self.keyword_argument(call, "dtype", order, scope)
+        fp16 = dtype is not None and self.qualname(dtype) in ("torch.float16", "torch.half")
+        return Value(DIFFUSION_PIPELINE, call, {TRAIT_FP16: dtype} if fp16 else {})
+
+    def _pipeline_component(self, node: cst.Attribute, pipeline: Value, order: int, scope: Scope) -> Value:
+        """``pipe.unet``: a module of the pipeline, with the pipeline's latest dtype and move (``pipe.to(...)``,
+        ``torch_dtype=``) and then what the file does to ``pipe.unet`` itself before ``order``."""
+        chain: list[Value] = []
+        current: Optional[Value] = pipeline
+        while current is not None:
+            chain.append(current)
+            current = current.base
+        component = Value("model", node, {"component": node.attr.value, "component_of": pipeline.node})
+        for step in reversed(chain):  # oldest first: the latest dtype stays the latest
+            carried = {k: v for k, v in step.traits.items() if k in (TRAIT_CAST, TRAIT_FP16, TRAIT_MOVED)}
+            if carried:
+                component = component.derive(step.node, **carried)
+        owner = name_key(node.value)
+        binding = self.binding_at(owner, order, scope) if owner is not None else None
+        if binding is None:
+            return component
+        return self._apply_mutations(f"{owner}.{node.attr.value}", component, binding, order, scope)
+
     def _conditional_names(self, node, order: int, scope: Scope) -> frozenset[str]:
         """The names tested by a conditional expression that decides a loading kwarg
         (``quantization_config=BitsAndBytesConfig(...) if dtype == "int4" else None``, directly or through one
@@ -629,19 +623,21 @@ class FileFacts(ExpressionValues):
     def _is_bnb_config(self, node, order, scope) -> bool:
         return self.value(node, order, scope).kind == "quantization_config"
 
-    def _placement_traits(self, call: cst.Call, device_map: Optional[DeviceMap]) -> dict[str, Any]:
+    def _placement_traits(self, call: cst.Call, device_map: Optional[DeviceMap], order: Optional[int] = None,
+                          scope: Optional[Scope] = None) -> dict[str, Any]:
         """What a loading/dispatching call's ``device_map`` says: the map, dispatch, offload evidence."""
         if device_map is None:
             return {}
         traits: dict[str, Any] = {"device_map": device_map}
         if device_map.maybe_dispatched:
             traits[TRAIT_DISPATCHED] = device_map
-        offload = self._offload_evidence(call, device_map)
+        offload = self._offload_evidence(call, device_map, order, scope)
         if offload:
             traits[TRAIT_OFFLOADED] = offload
         return traits
 
-    def _offload_evidence(self, call: cst.Call, device_map: DeviceMap) -> Optional[str]:
+    def _offload_evidence(self, call: cst.Call, device_map: DeviceMap, order: Optional[int] = None,
+                          scope: Optional[Scope] = None) -> Optional[str]:
         if device_map.explicit_offload and device_map.strategy == "explicit":
             return "the device map puts modules on " + " and ".join(sorted(device_map.explicit_offload))
         if device_map.strategy == "auto":
@@ -654,10 +650,35 @@ class FileFacts(ExpressionValues):
                 for e in max_memory.elements
             ):
                 return None  # GPUs only and no folder: what does not fit raises instead of being offloaded
+            if order is not None:
+                overflow = self._max_memory_overflow(call, order, scope)
+                if overflow:
+                    return overflow
             hint = self.says_memory_is_short
             if hint:
                 return f'the automatic map offloads when memory is short, and the file says "{hint}"'
         return None
+
+    def _max_memory_overflow(self, call: cst.Call, order: int, scope: Scope) -> Optional[str]:
+        """``max_memory`` gives the GPUs less than the checkpoint's weights (size from its name) and has a "cpu"
+        or "disk" budget: accelerate's automatic map (it uses only the listed devices) puts the rest there."""
+        from gpudoctor.check.queries import checkpoint_name, max_memory_entries, params_from_name, weight_bytes
+
+        entries = max_memory_entries(self, self.keyword_argument(call, "max_memory", order, scope), order, scope)
+        if entries is None or not {"cpu", "disk"} & set(entries[0]):
+            return None
+        name = checkpoint_name(self, call, order, scope)
+        params = params_from_name(name)
+        if params is None:
+            return None
+        per_weight, note = weight_bytes(self, call)
+        gpu_bytes = sum(amount for device, amount in entries[0].items() if device not in ("cpu", "disk"))
+        if params * per_weight <= gpu_bytes:
+            return None
+        return (
+            f"`max_memory={entries[1]}` leaves the GPUs {gpu_bytes / 1e9:.0f} GB for `{name}` (~{params * per_weight / 1e9:.0f} GB"
+            f" of weights: {note}), so the automatic map offloads the rest"
+        )
 
     def _dispatched(self, base: Value, site: CallSite) -> Value:
         call = site.node
@@ -744,15 +765,3 @@ def _article(qualname: str) -> str:
     return "an" if qualname.split(".")[-1][:1] in "AEIOU" else "a"
 
 
-def _literal_dict_entry(node: cst.CSTNode, keyword: str) -> Optional[cst.BaseExpression]:
-    """The value of ``keyword`` in a dict display (the last entry wins, as in Python) or a ``dict(k=v)``
-    call; None otherwise."""
-    if isinstance(node, cst.Dict):
-        found = None
-        for element in node.elements:
-            if isinstance(element, cst.DictElement) and string_value(element.key) == keyword:
-                found = element.value
-        return found
-    elif isinstance(node, cst.Call) and dotted(node.func) == "dict":
-        return call_arg(node, keyword=keyword)
-    return None

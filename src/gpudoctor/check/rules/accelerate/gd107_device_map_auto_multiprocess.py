@@ -86,14 +86,13 @@ class DeviceMapAutoMultiprocess(Rule):
         to different maps (bound twice to the same "auto" is no choice)."""
         frames = list(site.context)
         if call_arg(site.node, keyword="device_map") is not expr:  # from a ``**kwargs`` dict: where it was filled
-            for dict_key, binding in facts._kwargs_dicts(site.node, site.order, site.scope):
-                frames += list(binding.context)
-                if sum(b.kind != "param" for b in binding.scope.bindings.get(dict_key, [])) > 1:
-                    return True  # ``kwargs = {...}`` bound twice (per launch mode, say)
-                frames += [
-                    f for sub in facts.subscript_assigns
-                    if sub.base_key == dict_key and binding.order < sub.order < site.order for f in sub.context
-                ]
+            for contents in facts.kwargs_contents(site.node, site.order, site.scope):
+                if contents.bindings:
+                    binding = contents.bindings[-1]
+                    frames += list(binding.context)
+                    if sum(b.kind != "param" for b in binding.scope.bindings.get(binding.key, [])) > 1:
+                        return True  # ``kwargs = {...}`` bound twice (per launch mode, say)
+                frames += [f for entry in contents.entries.values() for f in entry.context]
         key = name_key(expr)
         if key is not None:
             binding = facts.binding_at(key, site.order, site.scope)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from gpudoctor.check import apis, versions
-from gpudoctor.check.facts import FileFacts, SubscriptAssignSite, dotted, is_true, string_value
+from gpudoctor.check.facts import DictEntry, FileFacts, is_true
 from gpudoctor.check.finding import Applicability, Edit, Fix, Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
@@ -58,36 +58,10 @@ class LoadInKbitKwarg(Rule):
                 )
 
     @staticmethod
-    def _dict_entries(facts: FileFacts, expr, site) -> list:
-        """``load_in_*`` entries of a dict given directly or through the name bound to it: a display's
-        ``"load_in_8bit": True``, ``dict(load_in_8bit=True)``'s keyword, and ``kw["load_in_8bit"] = True``
-        stored into the dict before ``site``."""
-        binding = None
-        if isinstance(expr, cst.Name):
-            binding = facts.binding_at(expr.value, site.order, site.scope)
-            expr = binding.value if binding is not None and binding.kind == "assign" else None
-        found: list = []
-        if isinstance(expr, cst.Dict):
-            found = [e.element for e in facts.dict_entries if e.dict_node is expr and e.key in _KWARGS]
-        elif isinstance(expr, cst.Call) and dotted(expr.func) == "dict" and facts.binding_at("dict", site.order, site.scope) is None:
-            found = [a for a in expr.args if a.keyword is not None and a.keyword.value in _KWARGS]
-        else:
-            return []
-        if binding is not None:
-            for stored in facts.subscript_assigns:
-                if stored.base_key != binding.key or not binding.order < stored.order < site.order:
-                    continue
-                if not facts._same_namespace(stored.scope, site.scope, binding.key) or len(stored.target.slice) != 1:
-                    continue
-                index = stored.target.slice[0].slice
-                if isinstance(index, cst.Index) and string_value(index.value) in _KWARGS:
-                    found.append(stored)
-            # `del kw["load_in_8bit"]` / `kw.pop("load_in_8bit")` before the call: the entry never reaches it.
-            found = [
-                entry for entry in found
-                if not facts.key_removed(binding.key, _key_value(entry)[0], _entry_order(facts, entry, binding), site.order, site.scope)
-            ]
-        return found
+    def _dict_entries(facts: FileFacts, expr, site) -> list[DictEntry]:
+        """The live ``load_in_*`` entries of the dict ``expr`` at ``site`` (see ``FileFacts.dict_contents``)."""
+        contents = facts.dict_contents(expr, site.order, site.scope)
+        return [e for e in contents.entries.values() if e.key in _KWARGS] if contents is not None else []
 
     def _removed_argument(self, facts: FileFacts, site, kbit: list, owner: str, fixable: bool = False, wrapper: bool = False):
         version, _found = versions.assumed("transformers")
@@ -191,20 +165,12 @@ _PIPELINE = {"transformers.pipeline", "transformers.pipelines.pipeline"}
 
 
 def _key_value(node) -> tuple[str, cst.BaseExpression]:
-    """(keyword, value) of a ``load_in_*=`` argument, a ``"load_in_*": value`` dict element or a
-    ``kw["load_in_*"] = value`` store."""
+    """(keyword, value) of a ``load_in_*=`` argument or a dict's entry."""
     if isinstance(node, cst.Arg):
         return node.keyword.value, node.value
-    if isinstance(node, SubscriptAssignSite):
-        return string_value(node.target.slice[0].slice.value), node.value
-    return string_value(node.key), node.value
-
-
-def _entry_order(facts: FileFacts, entry, binding) -> int:
-    """When ``entry`` is put into the dict: a store's own order, else the dict's binding."""
-    return entry.order if isinstance(entry, SubscriptAssignSite) else binding.order
+    return node.key, node.value
 
 
 def _node(entry) -> cst.CSTNode:
-    """The node to report for an argument, a dict element or a ``kw["load_in_*"] = value`` store."""
-    return entry.node if isinstance(entry, SubscriptAssignSite) else entry
+    """The node to report for an argument or a dict's entry (its element, keyword or store)."""
+    return entry.node if isinstance(entry, DictEntry) else entry

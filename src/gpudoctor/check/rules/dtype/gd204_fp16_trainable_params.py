@@ -141,12 +141,13 @@ class Fp16TrainableParams(Rule):
 
     @staticmethod
     def _amp(facts: FileFacts) -> Optional[tuple[str, cst.CSTNode]]:
-        """How the file turns on fp16 AMP with a GradScaler, and where."""
+        """How the file turns on fp16 AMP with a GradScaler, and where (keywords also read from a ``**kwargs``
+        dict: ``TrainingArguments(**{"fp16": True, ...})``)."""
         for site in facts.calls_to(*apis.TRAINING_ARGS):
-            if is_true(call_arg(site.node, keyword="fp16")):
+            if is_true(facts.keyword_argument(site.node, "fp16", site.order, site.scope)):
                 return f"`{snippet(facts, site.node.func)}(fp16=True)` turns on fp16 AMP with a GradScaler", site.node
         for site in facts.calls_to(*apis.ACCELERATOR):
-            if string_value(call_arg(site.node, keyword="mixed_precision")) == "fp16":
+            if string_value(facts.keyword_argument(site.node, "mixed_precision", site.order, site.scope)) == "fp16":
                 return f"`{snippet(facts, site.node.func)}(mixed_precision=\"fp16\")` unscales gradients with a GradScaler", site.node
         for site in facts.calls_to(*apis.GRAD_SCALER):
             enabled = call_arg(site.node, keyword="enabled")

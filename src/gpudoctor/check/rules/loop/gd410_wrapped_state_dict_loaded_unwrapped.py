@@ -90,11 +90,9 @@ class WrappedStateDictLoadedUnwrapped(Rule):
                 if isinstance(element, cst.DictElement):
                     yield from self._state_dict_calls(facts, element.value, save, (*keys, string_value(element.key)))
         else:
-            key = name_key(obj)
-            if key is not None:
-                binding = facts.binding_at(key, save.order, save.scope)
-                if binding is not None and binding.kind == "assign" and binding.value is not None and binding.value is not obj:
-                    yield from self._state_dict_calls(facts, binding.value, save, keys)
+            for value, _order, _scope in facts.follow_name(obj, save.order, save.scope, params=False, attributes=True) or ():
+                if value is not obj:
+                    yield from self._state_dict_calls(facts, value, save, keys)
 
     def _loaded_path(self, facts: FileFacts, load: CallSite) -> Optional[tuple[tuple[str, tuple], bool]]:
         """((the path ``torch.load`` read, the checkpoint keys the loaded state dict sits under), whether a

@@ -5,7 +5,7 @@ import libcst as cst
 from gpudoctor.check import apis
 from gpudoctor.check.facts import FileFacts, call_arg, name_key, string_value
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import snippet
+from gpudoctor.check.queries import exclusive_branches, snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.placement._common import PLACING_METHODS, placement
 
@@ -129,6 +129,8 @@ class DataParallelModelNotOnDevice0(Rule):
             keys.add(binding.key)
         keys.discard(None)
         for call in facts.calls:
+            if exclusive_branches(site.context, call.context):
+                continue  # ``if multi_gpu: DataParallel(model)`` / ``else: model.cuda()``: the wrapped path never moves
             if call.order > site.order and call.method in apis.MODULE_MOVES and name_key(call.receiver) in keys:
                 return True
             if call.order > site.order and call.method in apis.MODULE_MOVES and name_key(call.receiver) is not None:
