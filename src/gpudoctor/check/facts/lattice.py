@@ -21,7 +21,7 @@ import libcst as cst
 
 from gpudoctor.check import apis
 from gpudoctor.check.facts.nodes import call_arg, dotted, name_key, string_value
-from gpudoctor.check.facts.values import TRAIT_PREPARED, UNKNOWN, Value
+from gpudoctor.check.facts.values import TRAIT_PEFT, TRAIT_PREPARED, UNKNOWN, Value
 
 if TYPE_CHECKING:
     from gpudoctor.check.facts.records import Binding, CallSite, Scope
@@ -67,6 +67,22 @@ class FollowedCall(NamedTuple):
 def _tensor(node: cst.CSTNode, **traits) -> Value:
     return Value(TENSOR, node, dict(traits))
 
+
+
+def _without_adapters(receiver: Value, call: cst.Call) -> Value:
+    """``peft_model.merge_and_unload()`` / ``unload()`` / ``get_base_model()``: the transformers model under the
+    adapters (merged or dropped), no longer a peft model; what happened to the model after it was wrapped (moved,
+    cast) still holds."""
+    peft = receiver.carrier(TRAIT_PEFT)
+    if peft is None:
+        return receiver.derive(call)
+    traits: dict[str, Any] = {}
+    current: Optional[Value] = receiver
+    while current is not None and current is not peft:
+        for name, trait in current.traits.items():
+            traits.setdefault(name, trait)
+        current = current.base
+    return Value(receiver.kind, call, traits, base=peft.base)
 
 
 # The names torch's transfer-learning tutorial (and the posts that copy it) give its dict of DataLoaders.
@@ -391,8 +407,8 @@ class ExpressionValues:
                 return Value(MODEL_OUTPUT, call, {"model": receiver})
             if method == "generate":
                 return _tensor(call)
-            if method in ("merge_and_unload", "get_base_model"):
-                return receiver.derive(call)
+            if method in ("merge_and_unload", "unload", "get_base_model"):
+                return _without_adapters(receiver, call)
             return None
         if kind == "tokenizer" and method in ("__call__", "encode_plus", "batch_encode_plus", "pad"):
             return Value(TOKENIZER_OUTPUT, call)
