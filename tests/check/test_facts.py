@@ -649,3 +649,22 @@ def test_vision_model_builders_are_models():
     )
     assert [kind_at(facts, p) for p in ("probe", "probe2", "probe3")] == ["model"] * 3
     assert kind_at(facts, "probe4") == "unknown" and kind_at(facts, "probe5") == "unknown"
+
+
+def test_dict_of_dataloaders_subscripted():
+    facts = facts_of(
+        """
+        from torch.utils.data import DataLoader
+
+        loaders = {x: DataLoader(sets[x], batch_size=4) for x in ["train", "val"]}
+        shown = {"train": DataLoader(a), "val": DataLoader(b)}
+        mixed = {"train": DataLoader(a), "n": 3}
+        probe(loaders[phase])
+        probe2(shown["val"])
+        probe3(mixed["train"])
+        probe4(dataloaders[phase])
+        """
+    )
+    assert [kind_at(facts, p) for p in ("probe", "probe2", "probe4")] == ["dataloader"] * 3
+    assert kind_at(facts, "probe3") == "unknown"
+    assert facts.assumed_instances.get("dataloaders") == "torch.utils.data.DataLoader"

@@ -21,7 +21,7 @@ import libcst as cst
 
 from gpudoctor.check import apis
 from gpudoctor.check.facts.nodes import call_arg, dotted, name_key, string_value
-from gpudoctor.check.facts.values import TRAIT_PREPARED, UNKNOWN, Value
+from gpudoctor.check.facts.values import TRAIT_PEFT, TRAIT_PREPARED, UNKNOWN, Value
 
 if TYPE_CHECKING:
     from gpudoctor.check.facts.records import Binding, CallSite, Scope
@@ -68,6 +68,25 @@ def _tensor(node: cst.CSTNode, **traits) -> Value:
     return Value(TENSOR, node, dict(traits))
 
 
+
+def _without_adapters(receiver: Value, call: cst.Call) -> Value:
+    """``peft_model.merge_and_unload()`` / ``unload()`` / ``get_base_model()``: the transformers model under the
+    adapters (merged or dropped), no longer a peft model; what happened to the model after it was wrapped (moved,
+    cast) still holds."""
+    peft = receiver.carrier(TRAIT_PEFT)
+    if peft is None:
+        return receiver.derive(call)
+    traits: dict[str, Any] = {}
+    current: Optional[Value] = receiver
+    while current is not None and current is not peft:
+        for name, trait in current.traits.items():
+            traits.setdefault(name, trait)
+        current = current.base
+    return Value(receiver.kind, call, traits, base=peft.base)
+
+
+# The names torch's transfer-learning tutorial (and the posts that copy it) give its dict of DataLoaders.
+_LOADER_DICT_NAMES = {"dataloaders", "data_loaders", "dataloaders_dict", "loaders"}
 
 # torchvision's model builders (``torchvision.models.resnet18(...)``, ``models.detection.fasterrcnn_resnet50_fpn``,
 # ``get_model("vit_b_16")``) and timm's ``create_model`` return ``nn.Module``s; the weights enums and the registry
@@ -207,6 +226,30 @@ class ExpressionValues:
 
     # ------------------------------------------------------------------ evaluation of expressions
 
+    def _mapping_entry(self, node: cst.Subscript, order: int, scope: "Scope") -> Value:
+        """``loaders[phase]`` where ``loaders`` is a dict whose values are all of one kind: a dict comprehension
+        (``{x: DataLoader(sets[x], ...) for x in ["train", "val"]}``, torch's transfer-learning tutorial) or a
+        display with the same kind in every value. In a snippet, an unbound ``dataloaders``/``data_loaders``
+        subscripted is that tutorial's dict of DataLoaders."""
+        key = name_key(node.value)
+        if key is None or "." in key:
+            return UNKNOWN
+        binding = self.binding_at(key, order, scope)
+        if binding is None:
+            if key in _LOADER_DICT_NAMES and key not in self.imports and not self.assumed_instance(key):
+                self.assumed_instances[key] = "torch.utils.data.DataLoader"
+                return Value("dataloader", node, {"assumed": key})
+            return UNKNOWN
+        made = binding.value if binding.kind == "assign" else None
+        if isinstance(made, cst.DictComp):
+            value = self.value(made.value, binding.order, binding.scope)
+            return value if value.kind == "dataloader" else UNKNOWN
+        if isinstance(made, cst.Dict) and made.elements:
+            values = [self.value(e.value, binding.order, binding.scope) for e in made.elements if isinstance(e, cst.DictElement)]
+            if len(values) == len(made.elements) and all(v.kind == "dataloader" for v in values):
+                return values[0]
+        return UNKNOWN
+
     def _evaluate_expression(self, node: cst.CSTNode, order: int, scope: "Scope") -> Value:
         if isinstance(node, (cst.Tuple, cst.List)):
             return Value(TUPLE, node, {"items": tuple(e.value for e in node.elements), "at": (order, scope)})
@@ -232,6 +275,8 @@ class ExpressionValues:
                 index = node.slice[0].slice.value
                 if isinstance(index, cst.Integer):
                     return self.element(base, (int(index.value),))
+            if base.kind == "unknown":
+                return self._mapping_entry(node, order, scope)
             return UNKNOWN
         if isinstance(node, cst.Attribute):
             return self._attribute_value(node, order, scope)
@@ -362,8 +407,8 @@ class ExpressionValues:
                 return Value(MODEL_OUTPUT, call, {"model": receiver})
             if method == "generate":
                 return _tensor(call)
-            if method in ("merge_and_unload", "get_base_model"):
-                return receiver.derive(call)
+            if method in ("merge_and_unload", "unload", "get_base_model"):
+                return _without_adapters(receiver, call)
             return None
         if kind == "tokenizer" and method in ("__call__", "encode_plus", "batch_encode_plus", "pad"):
             return Value(TOKENIZER_OUTPUT, call)

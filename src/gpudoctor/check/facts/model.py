@@ -109,7 +109,7 @@ class FileFacts(DictContentsQueries, ExpressionValues):
         self.star_imports: list[str] = []  # modules of ``from X import *`` ("" for a relative one)
         # Names never bound here but used like a well-known object (see ``assumed_instance``): name -> qualname.
         self.assumed_instances: dict[str, str] = {}
-        self._instance_cache: dict[str, Optional[apis.InstanceProfile]] = {}
+        self._instance_cache: dict[tuple[str, bool], Optional[apis.InstanceProfile]] = {}
         self._functions_by_name: Optional[dict[str, list[Scope]]] = None
         self._module_classes: Optional[set[str]] = None
 
@@ -140,17 +140,20 @@ class FileFacts(DictContentsQueries, ExpressionValues):
             return None
         return apis.well_known_class(name)
 
-    def assumed_instance(self, key: str) -> Optional[apis.InstanceProfile]:
+    def assumed_instance(self, key: str, unbound_here: bool = False) -> Optional[apis.InstanceProfile]:
         """The library object ``key`` (a name or ``self.x``) stands for when the file never binds it but uses it
-        like one (``accelerator.prepare(...)`` in a notebook cell whose accelerator came from an earlier cell)."""
-        if key in self._instance_cache:
-            return self._instance_cache[key]
+        like one (``accelerator.prepare(...)`` in a notebook cell whose accelerator came from an earlier cell).
+        ``unbound_here``: the use is known to come before any binding of the name (``train_dl =
+        accelerator.prepare(train_dl)`` in a cell: the argument is the earlier cell's loader)."""
+        cache = (key, unbound_here)
+        if cache in self._instance_cache:
+            return self._instance_cache[cache]
         profile = None
-        if key not in self._bound_names and key not in self.imports and key not in apis.WELL_KNOWN_NAMES:
+        if (unbound_here or key not in self._bound_names) and key not in self.imports and key not in apis.WELL_KNOWN_NAMES:
             attr = key[5:] if key.startswith("self.") else key
             if "." not in attr:
                 profile = apis.instance_profile(attr, self.member_uses.get(key, set()))
-        self._instance_cache[key] = profile
+        self._instance_cache[cache] = profile
         return profile
 
     def _used_as_module(self, node: cst.CSTNode) -> bool:
@@ -160,7 +163,7 @@ class FileFacts(DictContentsQueries, ExpressionValues):
         return key is not None and bool(self.member_uses.get(key, set()) & {"parameters", "named_parameters"})
 
     def _assumed_value(self, key: str) -> Optional[Value]:
-        profile = self.assumed_instance(key)
+        profile = self.assumed_instance(key, unbound_here=True)
         if profile is None:
             return None
         self.assumed_instances[key] = profile.qualname
