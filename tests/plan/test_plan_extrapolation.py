@@ -30,6 +30,23 @@ def test_extrapolation_is_the_line_when_slack_is_steady():
     assert (out["peak_allocated"], out["peak_reserved"]) == (550 * MiB, 570 * MiB)
 
 
+def test_each_phase_is_its_own_line_and_the_highest_at_the_depth_is_the_peak():
+    # ChatGLM-6B under fp16 AMP (GiB): backward 12 + 3 L, optimizer step 10 + 3.75 L; the copies at 2 and 3
+    # layers peak in different phases (18 backward, 21.25 optimizer step), and their overall line is low at 28
+    def point(layers):
+        phases = {"backward": _device(int((12 + 3 * layers) * 1024) * MiB, int((12.5 + 3 * layers) * 1024) * MiB),
+                  "optimizer_step": _device(int((10 + 3.75 * layers) * 1024) * MiB, int((10.5 + 3.75 * layers) * 1024) * MiB)}
+        top = max(phases.values(), key=lambda p: p["peak_allocated"])
+        return {**top, "phases": phases}
+
+    out = simulated.extrapolate(point(2), point(3), 28, 2, 3)
+    assert out["peak_allocated"] == int(115 * 1024) * MiB
+    assert out["peak_reserved"] == int(115.5 * 1024) * MiB
+    assert out["breakdown"] == point(28)["phases"]["optimizer_step"]["breakdown"]
+    lone = simulated.extrapolate({**point(2), "phases": {}}, {**point(3), "phases": {}}, 28, 2, 3)
+    assert lone["peak_allocated"] < out["peak_allocated"]  # without phases: the one line through both peaks
+
+
 def test_factory_casts_pinned_parameters_to_the_strategys_dtype():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4).half(), torch.nn.LayerNorm(4))
     model.register_buffer("inv_freq", torch.ones(2, dtype=torch.float16))

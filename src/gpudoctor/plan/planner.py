@@ -250,10 +250,14 @@ class Planner:
 
 
 def _step(point: dict, low: dict, high: dict) -> dict:
-    """``point`` moved by the difference from ``low`` to ``high`` (every number and category)."""
+    """``point`` moved by the difference from ``low`` to ``high`` (every number and category, and each phase's
+    peak where all three have it)."""
     out = {key: point[key] + high[key] - low[key] for key in ("peak_allocated", "peak_reserved")}
     out["breakdown"] = {c: point["breakdown"].get(c, 0) + high["breakdown"].get(c, 0) - low["breakdown"].get(c, 0)
                         for c in simulated.CATEGORIES}
+    phases = [point.get("phases") or {}, low.get("phases") or {}, high.get("phases") or {}]
+    out["phases"] = {name: _step(phase, phases[1][name], phases[2][name]) for name, phase in phases[0].items()
+                     if name in phases[1] and name in phases[2]}
     return out
 
 

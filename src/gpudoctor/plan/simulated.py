@@ -13,7 +13,8 @@ simulates copies of the architecture with fewer decoder layers and extrapolates 
   bytes to whichever card holds it); see :meth:`gpudoctor.plan.planner.Planner.pipeline`.
 
 Every layer of a decoder is the same shape, so weights, gradients, optimizer state and saved
-activations grow by the same bytes per layer; the peak phase is the same at every depth. The
+activations grow by the same bytes per layer within each phase of the step; the phases grow at different
+rates, so each phase's peak is extrapolated on its own and the highest taken (:func:`extrapolate`). The
 extrapolation is checked against full simulations in ``tests/plan/test_extrapolation.py``. Encoder-
 decoder models and shallow models are simulated whole.
 
@@ -323,7 +324,7 @@ def _cache_dir() -> Path:
 _FINGERPRINT: list[str] = []
 # Part of every cache key with the engine's source: bump it when what ``_run`` builds or measures changes
 # (this file's other edits, e.g. scheduling, keep the cache).
-RESULT_FORMAT = 2
+RESULT_FORMAT = 3  # 3: each device's per-phase peaks ("phases")
 
 
 def _engine_fingerprint() -> str:
@@ -539,8 +540,11 @@ def _run(info, method, workload, checkpointing, card, layers, device_map) -> dic
     devices = []
     for row in out["devices"]:
         breakdown = {c: int(row["breakdown_at_peak"].get(c, 0)) for c in CATEGORIES}
+        phases = {name: {"peak_allocated": int(p["allocated"]), "peak_reserved": int(p["reserved"]),
+                         "breakdown": {c: int((p.get("by_category") or {}).get(c, 0)) for c in CATEGORIES}}
+                  for name, p in (row.get("phase_peaks") or {}).items()}
         devices.append({"peak_allocated": int(row["peak_allocated"]), "peak_reserved": int(row["peak_reserved"]),
-                        "breakdown": breakdown})
+                        "breakdown": breakdown, "phases": phases})
     return {"devices": devices, "trainable_bytes": trainable, "oom": out.get("oom")}
 
 
@@ -563,13 +567,38 @@ def linear(v1: float, v2: float, n: float, k1: int = K1, k2: int = K2) -> float:
 def extrapolate(first: dict, second: dict, n: float, k1: int = K1, k2: int = K2) -> dict:
     """One device's numbers at ``n`` layers from its numbers at ``k1`` and ``k2`` layers.
 
+    Each phase of the step (forward, backward, optimizer step, ...) is its own line: the phases grow by
+    different bytes per layer (the backward pass carries fixed temporaries such as the logits' gradient; the
+    optimizer step grows by a layer's weights, gradients and AdamW state), so the phase that peaks can
+    change with depth, and the line through the two copies' overall peaks would join two different phases
+    (ChatGLM-6B under fp16 AMP: the backward pass peaks at 2 layers, the optimizer step from 3 on). The
+    device's peak allocated is the highest phase at ``n`` layers, its breakdown that phase's, its peak
+    reserved the highest phase's reserved. Points without per-phase peaks are one line.
+
     Reserved memory is never below allocated plus the allocator's slack (the smaller of the two copies'
-    reserved - allocated): the two lines can cross when the copies' slack differs (a 20 MiB segment more
-    in one of them), and a reserved figure under the allocated one would be impossible."""
+    reserved - allocated), overall and in each phase: the two lines can cross when the copies' slack
+    differs (a 20 MiB segment more in one of them), and a reserved figure under the allocated one would be
+    impossible; and a phase that overtakes another reserves its own segments (its reserved figure at the
+    shallow copies is the earlier phase's, which those segments covered)."""
+    shared = [name for name in first.get("phases") or {} if name in (second.get("phases") or {})]
+    lines = [_line(first["phases"][name], second["phases"][name], n, k1, k2) for name in shared]
+    overall = _line(first, second, n, k1, k2)
+    out = max(lines, key=lambda line: line["peak_allocated"]) if lines else overall
+    out["peak_reserved"] = max(line["peak_reserved"] for line in lines or [overall])
+    out["peak_reserved"] = max(out["peak_reserved"], out["peak_allocated"] + _slack(first, second))
+    return out
+
+
+def _slack(first: dict, second: dict) -> int:
+    return max(min(first["peak_reserved"] - first["peak_allocated"], second["peak_reserved"] - second["peak_allocated"]), 0)
+
+
+def _line(first: dict, second: dict, n: float, k1: int, k2: int) -> dict:
+    """Peak allocated, reserved (at least allocated plus the slack) and the breakdown at ``n`` layers, on the
+    lines through two points."""
     out = {key: int(round(linear(first[key], second[key], n, k1, k2))) for key in ("peak_allocated", "peak_reserved")}
-    slack = max(min(first["peak_reserved"] - first["peak_allocated"], second["peak_reserved"] - second["peak_allocated"]), 0)
     out["peak_allocated"] = max(out["peak_allocated"], 0)
-    out["peak_reserved"] = max(out["peak_reserved"], out["peak_allocated"] + slack)
-    out["breakdown"] = {c: max(int(round(linear(first["breakdown"][c], second["breakdown"][c], n, k1, k2))), 0)
+    out["peak_reserved"] = max(out["peak_reserved"], out["peak_allocated"] + _slack(first, second))
+    out["breakdown"] = {c: max(int(round(linear(first["breakdown"].get(c, 0), second["breakdown"].get(c, 0), n, k1, k2))), 0)
                         for c in CATEGORIES}
     return out
