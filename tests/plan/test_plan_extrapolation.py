@@ -43,6 +43,7 @@ def test_each_phase_is_its_own_line_and_the_highest_at_the_depth_is_the_peak():
     assert out["peak_allocated"] == int(115 * 1024) * MiB
     assert out["peak_reserved"] == int(115.5 * 1024) * MiB
     assert out["breakdown"] == point(28)["phases"]["optimizer_step"]["breakdown"]
+    assert out["phases"]["backward"]["peak_allocated"] == 96 * 1024 * MiB
     lone = simulated.extrapolate({**point(2), "phases": {}}, {**point(3), "phases": {}}, 28, 2, 3)
     assert lone["peak_allocated"] < out["peak_allocated"]  # without phases: the one line through both peaks
 

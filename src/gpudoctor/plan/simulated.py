@@ -573,7 +573,8 @@ def extrapolate(first: dict, second: dict, n: float, k1: int = K1, k2: int = K2)
     change with depth, and the line through the two copies' overall peaks would join two different phases
     (ChatGLM-6B under fp16 AMP: the backward pass peaks at 2 layers, the optimizer step from 3 on). The
     device's peak allocated is the highest phase at ``n`` layers, its breakdown that phase's, its peak
-    reserved the highest phase's reserved. Points without per-phase peaks are one line.
+    reserved the highest phase's reserved; ``phases`` has every phase's line at ``n``. Points without
+    per-phase peaks are one line.
 
     Reserved memory is never below allocated plus the allocator's slack (the smaller of the two copies'
     reserved - allocated), overall and in each phase: the two lines can cross when the copies' slack
@@ -583,9 +584,11 @@ def extrapolate(first: dict, second: dict, n: float, k1: int = K1, k2: int = K2)
     shared = [name for name in first.get("phases") or {} if name in (second.get("phases") or {})]
     lines = [_line(first["phases"][name], second["phases"][name], n, k1, k2) for name in shared]
     overall = _line(first, second, n, k1, k2)
-    out = max(lines, key=lambda line: line["peak_allocated"]) if lines else overall
+    out = dict(max(lines, key=lambda line: line["peak_allocated"]) if lines else overall)
     out["peak_reserved"] = max(line["peak_reserved"] for line in lines or [overall])
     out["peak_reserved"] = max(out["peak_reserved"], out["peak_allocated"] + _slack(first, second))
+    if lines:
+        out["phases"] = dict(zip(shared, lines))
     return out
 
 
