@@ -39,7 +39,9 @@ class ShardedEvalMetrics(Rule):
             if name_key(loader) is None:
                 continue
             scope = self._scope(facts, loop)
-            value = facts.value(loader, loop.order, scope)
+            # ``loader`` is read where it is written: the loop's own iterable, or the argument a call of the file
+            # passes for the parameter the loop iterates (``evaluate(model, test_loader)``).
+            value = facts.value(loader)
             looks_like_loader = value.kind == "dataloader" or bool(re.search(r"loader|dl\b|_dl|data", name_key(loader), re.I))
             sharded = value.has(TRAIT_PREPARED) and looks_like_loader
             if not sharded and value.kind == "dataloader" and isinstance(value.origin().node, cst.Call):
