@@ -14,7 +14,8 @@ Runs the check engine in-process (no torch import) over ``fixtures/field/``:
 * fixed twins (``*.fixed.py``) and clean look-alikes (``fixtures/field/clean/*.py``) must get no finding;
   any finding there is a false alarm (counted with the default rule set and with preview rules).
 
-Each file is checked with its header (the module docstring, or a leading block of comments: the citation and
+A file the CLI's prefilter skips (``engine.is_relevant``: no library import, no snippet use) gets no finding,
+as with ``gpudoctor check``. Each file is checked with its header (the module docstring, or a leading block of comments: the citation and
 the description of the defect, which a user's script would not contain) blanked out and its ``# defect:``
 markers removed, line numbers kept, so
 that the rules' text heuristics cannot read the answer. Context a real script carries (a launch command, a
@@ -39,7 +40,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpudoctor.check.engine import check_source
+from gpudoctor.check.engine import check_source, is_relevant
 from gpudoctor.check.registry import select_rules
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,8 +130,11 @@ def precision_scripts() -> list[Path]:
 def run(path: Path, source: str, preview: bool):
     """Findings of the default (or preview) rule set on the file without its header; a file that does not parse
     is reported as such."""
+    code = code_of(source)
+    if not is_relevant(code.encode()):
+        return [], None  # `gpudoctor check` skips the file (no library import, no snippet use): every defect is a miss
     try:
-        return check_source(code_of(source), str(path), rules=select_rules(preview=preview)), None
+        return check_source(code, str(path), rules=select_rules(preview=preview)), None
     except Exception as error:  # a parse failure is a miss for every defect in the file, never a crash
         return [], f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 

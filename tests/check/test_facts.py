@@ -344,6 +344,12 @@ def test_snippets_pass_the_prefilter_and_say_what_they_assumed():
     assert is_relevant(snippet)
     assert is_relevant(b"x = torch.ones(3)\n")
     assert not is_relevant(b"import os\nnn = 3\nprint(Adam)\n")  # generic names alone do not count
+    # A cell that only trains what earlier cells built names no library: autograd-only methods count.
+    assert is_relevant(b"for x, y in trainloader:\n    loss = criterion(net(x), y)\n    loss.backward()\n")
+    assert is_relevant(b"net.cuda()\n") and is_relevant(b"opt.zero_grad(set_to_none=True)\n")
+    assert not is_relevant(b"import os\nstep = walker.backward\n")  # an attribute, not the autograd call
+    assert is_relevant(b"model.eval()\nfor x, y in val_loader:\n    out = model(x.to(device))\n")
+    assert not is_relevant(b"import pandas as pd\ndf.eval('c = a + b')\n")
     [finding] = check_source(snippet.decode(), "cell.py", rules=all_rules())
     assert finding.code == "GD110" and "Assumed `AutoModelForCausalLM` as `transformers.AutoModelForCausalLM`" in finding.message
 
@@ -580,3 +586,66 @@ def test_calls_of_a_value_follow_its_name_while_it_holds_it():
     first = calls_named(facts, "CrossEntropyLoss")[0]
     calls = facts.calls_of_value(first.node)
     assert [facts.module.code_for_node(c.node) for c in calls] == ["loss_fn(p, y)", "loss_fn(q, y)"]
+
+
+def test_snippet_loader_assumed_from_its_conventional_name():
+    facts = facts_of(
+        """
+        for i, data in enumerate(trainloader, 0):
+            inputs, labels = data
+            probe(inputs)
+        for batch in train_loader:
+            probe2(batch)
+        val_loader.reset()
+        for batch in val_loader:
+            probe3(batch)
+        """
+    )
+    assert kind_at(facts, "probe") == "tensor"
+    assert kind_at(facts, "probe2") == "batch"
+    assert kind_at(facts, "probe3") == "unknown"  # used with a member no DataLoader has: not assumed
+    assert facts.assumed_instances == {"trainloader": "torch.utils.data.DataLoader", "train_loader": "torch.utils.data.DataLoader"}
+
+
+def test_star_imports_of_torch_bind_only_what_torch_exports():
+    facts = facts_of(
+        """
+        from torch import *
+        from torch.nn import *
+
+        w = tensor([1.0, 3.0])
+        loss_fn = CrossEntropyLoss(weight=w)
+        probe(w)
+        probe2(cuda)
+        """
+    )
+    assert kind_at(facts, "probe") == "tensor"
+    assert facts.qualname(calls_named(facts, "probe2")[0].node.args[0].value) is None  # torch.__all__ has no `cuda`
+    assert facts.qualname(calls_named(facts, "CrossEntropyLoss")[0].node.func) == "torch.nn.CrossEntropyLoss"
+    later = facts_of(
+        """
+        from torch import *
+        from numpy import *
+
+        probe(zeros(3))
+        """
+    )
+    assert kind_at(later, "probe") == "unknown"  # numpy's star import may bind `zeros` after torch's
+
+
+def test_vision_model_builders_are_models():
+    facts = facts_of(
+        """
+        import timm
+        import torchvision
+        from torchvision import models
+
+        probe(torchvision.models.resnet18(num_classes=10))
+        probe2(models.detection.fasterrcnn_resnet50_fpn())
+        probe3(timm.create_model("efficientnet_b0", pretrained=True))
+        probe4(models.ResNet18_Weights.DEFAULT)
+        probe5(models.list_models())
+        """
+    )
+    assert [kind_at(facts, p) for p in ("probe", "probe2", "probe3")] == ["model"] * 3
+    assert kind_at(facts, "probe4") == "unknown" and kind_at(facts, "probe5") == "unknown"

@@ -125,6 +125,19 @@ def hf_class_method(qualname: str) -> tuple[str, str] | None:
     return None
 
 
+def diffusers_model_load(qualname: str) -> tuple[str, str] | None:
+    """``diffusers.UNet2DConditionModel.from_pretrained`` (also through a deep module path) -> (class, method):
+    diffusers' model classes (``*Model``, ``Autoencoder*``: ``ModelMixin``, a ``torch.nn.Module``) loaded from a
+    checkpoint. Pipelines (``*Pipeline``) hold several models and are not one."""
+    parts = qualname.split(".")
+    if parts[0] != "diffusers" or len(parts) < 3 or parts[-1] not in ("from_pretrained", "from_single_file"):
+        return None
+    owner = parts[-2]
+    if owner[:1].isupper() and (owner.endswith("Model") or owner.startswith("Autoencoder")):
+        return owner, parts[-1]
+    return None
+
+
 def is_model_class(name: str) -> bool:
     return bool(_MODEL_CLASS.match(name)) and not name.endswith(_NON_MODEL_SUFFIXES)
 
@@ -237,6 +250,43 @@ WELL_KNOWN_NAMES = {
     "pipeline": "transformers.pipeline",
 }
 
+# What ``from torch import *`` / ``from torch.nn import *`` bind that the engine reads (torch 2.13: the names are in
+# ``torch.__all__``; ``torch.nn`` has no ``__all__``, so its public names). ``cuda``, ``nn`` and ``optim`` are not in
+# ``torch.__all__``: a star import of torch does not bind them.
+STAR_EXPORTS = {
+    "torch": frozenset("""
+        BoolTensor ByteTensor DoubleTensor FloatTensor GradScaler IntTensor LongTensor Size Tensor arange argmax
+        as_tensor autocast bernoulli bfloat16 bincount bool cat concat concatenate cos cumsum device diag dtype empty
+        empty_like enable_grad exp eye flip float float16 float32 float64 from_numpy full full_like half histc
+        inference_mode int int32 int64 is_tensor linspace load log logspace long manual_seed matmul multinomial
+        no_grad normal numel ones ones_like outer polar rand rand_like randint randint_like randn randn_like randperm
+        save sigmoid sin softmax stack tensor tril tril_indices triu triu_indices uint8 where zeros zeros_like
+    """.split()),
+    "torch.nn": frozenset("""
+        functional init parallel utils
+        BCELoss BCEWithLogitsLoss BatchNorm1d BatchNorm2d BatchNorm3d CTCLoss Conv1d Conv2d Conv3d ConvTranspose2d
+        CosineEmbeddingLoss CrossEntropyLoss DataParallel Dropout Embedding Flatten GELU GRU GaussianNLLLoss GroupNorm
+        HuberLoss Identity KLDivLoss L1Loss LSTM LSTMCell LayerNorm LeakyReLU Linear LogSoftmax MSELoss
+        MarginRankingLoss MaxPool1d MaxPool2d Module ModuleDict ModuleList MultiLabelMarginLoss MultiLabelSoftMarginLoss
+        MultiMarginLoss MultiheadAttention NLLLoss Parameter ParameterDict ParameterList PoissonNLLLoss ReLU RNN
+        Sequential SiLU Sigmoid SmoothL1Loss SoftMarginLoss Softmax SyncBatchNorm Tanh Transformer TransformerEncoder
+        TransformerEncoderLayer TripletMarginLoss Upsample
+    """.split()),
+}
+
+
+def star_imported(name: str, star_modules: list) -> Optional[str]:
+    """The qualname an unbound ``name`` has through the file's star imports (the last one that binds it wins, as in
+    Python), or None: also None when a later star import from a module this table does not know may bind it."""
+    for module in reversed(star_modules):
+        exports = STAR_EXPORTS.get(module)
+        if exports is None:
+            return None
+        if name in exports:
+            return f"{module}.{name}"
+    return None
+
+
 # An unbound name spelled like a transformers model class (``LlamaForCausalLM``, ``AutoModelForCausalLM``) is
 # read as that class in a snippet; trl's value-head wrappers live in trl.
 _HF_MODEL_CLASS_NAME = re.compile(r"^(?:AutoModel\w*|AutoPeftModel\w*|[A-Z][A-Za-z0-9]*For[A-Z]\w*)$")
@@ -260,7 +310,8 @@ class InstanceProfile:
     The name is assumed to be that object when it is used with the object's members: for a ``conventional``
     name one ``distinctive`` or ``common`` member is enough, any other name needs two ``distinctive`` ones.
     With ``members`` (the whole public API) a name also used with anything else is not assumed
-    (``scaler.transform(...)`` is scikit-learn's)."""
+    (``scaler.transform(...)`` is scikit-learn's). ``by_name``: an object used by iterating it rather than
+    through members (a snippet's ``for data in trainloader``) is assumed from a ``conventional`` name alone."""
 
     kind: str  # the value kind (facts.Value.kind)
     qualname: str
@@ -268,6 +319,7 @@ class InstanceProfile:
     distinctive: frozenset
     common: frozenset = frozenset()
     members: Optional[frozenset] = None
+    by_name: bool = False
 
 
 INSTANCE_PROFILES = (
@@ -297,6 +349,26 @@ INSTANCE_PROFILES = (
             "state_dict", "step", "unscale_", "update",
         }),
     ),
+    # The CIFAR-10 tutorial's ``for i, data in enumerate(trainloader, 0)`` pasted as a cell without the cell that
+    # built ``trainloader``: the names torch's tutorials and most posts give a DataLoader. A name also used with
+    # anything but a DataLoader attribute (``train_loader.next_batch()``) is not assumed.
+    InstanceProfile(
+        "dataloader",
+        "torch.utils.data.DataLoader",
+        conventional=frozenset({
+            "trainloader", "testloader", "valloader", "validloader", "evalloader",
+            "train_loader", "test_loader", "val_loader", "valid_loader", "eval_loader", "dev_loader",
+            "dataloader", "data_loader", "train_dataloader", "test_dataloader", "val_dataloader",
+            "valid_dataloader", "eval_dataloader", "train_dl", "test_dl", "val_dl", "valid_dl", "eval_dl",
+        }),
+        distinctive=frozenset(),
+        members=frozenset({
+            "dataset", "batch_size", "sampler", "batch_sampler", "num_workers", "collate_fn", "pin_memory",
+            "drop_last", "timeout", "worker_init_fn", "generator", "prefetch_factor", "persistent_workers",
+            "multiprocessing_context", "pin_memory_device", "in_order",
+        }),
+        by_name=True,
+    ),
 )
 
 
@@ -309,6 +381,8 @@ def instance_profile(name: str, members: set) -> Optional[InstanceProfile]:
         distinctive = members & profile.distinctive
         if len(distinctive) >= 2 or (name in profile.conventional and (distinctive or members & profile.common)):
             return profile
+        if profile.by_name and name in profile.conventional:
+            return profile
     return None
 
 # The prefilter for files that import none of the libraries: a snippet still counts when it uses ``torch.``
@@ -320,8 +394,12 @@ _SNIPPET_NAMES = sorted(
 _INSTANCE_USE = "|".join(
     "(?:" + "|".join(sorted(p.conventional)) + r")\.(?:" + "|".join(sorted(p.distinctive | p.common)) + ")"
     for p in INSTANCE_PROFILES
+    if p.distinctive | p.common
 )
+# A cell that only trains or evaluates what earlier cells built (``net.cuda()``, ``optimizer.zero_grad()``,
+# ``loss.backward()``, ``model.eval()``, ``x.to(device)``) names no library at all: those calls count too.
 SNIPPET_USE = re.compile(
     rb"\btorch\.[a-z]|(?<![\w.])(?:" + "|".join(_SNIPPET_NAMES).encode() + rb")\s*[(.]"
     + rb"|(?<![\w.])(?:self\.)?(?:" + _INSTANCE_USE.encode() + rb")\b"
+    + rb"|\w\.(?:zero_grad|backward|cuda)\(\s*[)\w]|\w\.eval\(\s*\)|\w\.to\(\s*device\b"
 )

@@ -10,7 +10,7 @@ import libcst as cst
 from gpudoctor import hardware
 from gpudoctor.check import apis
 from gpudoctor.check.facts import (
-    TRAIT_PREPARED, CallSite, FileFacts, IfFrame, Scope, Value, call_arg, int_value, name_key, string_value,
+    TRAIT_PREPARED, CallSite, FileFacts, IfFrame, LoopFrame, Scope, Value, call_arg, int_value, name_key, string_value,
 )
 from gpudoctor.check.finding import Severity
 
@@ -154,6 +154,71 @@ def _parameters_owner(params: Optional[cst.BaseExpression]) -> Optional[cst.Base
         for_in = params.for_in
         return _parameters_owner(for_in.iter)
     return None
+
+
+def parameters_owner(facts: FileFacts, params: Optional[cst.BaseExpression], order: int, scope: Scope,
+                     depth: int = 0) -> Optional[cst.BaseExpression]:
+    """The module whose parameters an optimizer's ``params`` argument holds: the forms of
+    :func:`_parameters_owner`, followed through names (``params = model.parameters()``), parameter groups
+    (``[{"params": [p for n, p in model.named_parameters() if ...], "weight_decay": 0.01}, ...]``, the
+    transformers examples' grouping; every group must come from the same module) and lists filled in a loop
+    over the module's parameters (``decay = []``, ``for n, p in model.named_parameters(): decay.append(p)``)."""
+    if params is None or depth > 6:
+        return None
+    owner = _parameters_owner(params)
+    if owner is not None:
+        return owner
+    if isinstance(params, (cst.List, cst.Tuple)) and params.elements:
+        owners = []
+        for element in params.elements:
+            item = element.value
+            if isinstance(item, cst.Dict):
+                item = next(
+                    (e.value for e in item.elements if isinstance(e, cst.DictElement) and string_value(e.key) == "params"),
+                    None,
+                )
+            found = parameters_owner(facts, item, order, scope, depth + 1)
+            if found is None or name_key(found) is None:
+                return None
+            owners.append(found)
+        return owners[0] if len({name_key(o) for o in owners}) == 1 else None
+    key = name_key(params)
+    if key is None:
+        return None
+    binding = facts.binding_at(key, order, scope)
+    if binding is None or binding.value is None or binding.kind not in ("assign", "unpack"):
+        return None
+    value = binding.value
+    if binding.kind == "unpack":
+        if not (isinstance(value, (cst.Tuple, cst.List)) and binding.index is not None and binding.index < len(value.elements)):
+            return None
+        value = value.elements[binding.index].value
+    if isinstance(value, cst.List) and not value.elements:
+        return _appended_parameters_owner(facts, binding, order)
+    return parameters_owner(facts, value, binding.order, binding.scope, depth + 1)
+
+
+def _appended_parameters_owner(facts: FileFacts, binding, order: int) -> Optional[cst.BaseExpression]:
+    """``key = []`` filled by ``key.append(p)`` (also ``(a if cond else key).append(p)``) before ``order``, where
+    ``p`` is bound by a loop over ``model.parameters()`` / ``model.named_parameters()``: that model."""
+    owners = []
+    for site in facts.method_calls("append"):
+        if site.scope is not binding.scope or not binding.order < site.order < order:
+            continue
+        receivers = [site.receiver.body, site.receiver.orelse] if isinstance(site.receiver, cst.IfExp) else [site.receiver]
+        if binding.key not in {name_key(r) for r in receivers}:
+            continue
+        item = site.arg(0)
+        loop = next((f for f in reversed(site.context) if isinstance(f, LoopFrame) and isinstance(f.node, cst.For)), None)
+        if loop is None or not isinstance(item, cst.Name):
+            return None
+        target = loop.node.target
+        names = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
+        owner = _parameters_owner(loop.iter)
+        if owner is None or not any(isinstance(n, cst.Name) and n.value == item.value for n in names):
+            return None
+        owners.append(owner)
+    return owners[0] if owners and len({name_key(o) for o in owners}) == 1 else None
 
 
 # -- model size from a checkpoint name (GD112 and others) -------------------------------------
@@ -411,6 +476,17 @@ def max_memory_budget(facts: FileFacts, node: Optional[cst.BaseExpression], orde
     """Total bytes of the GPU and CPU entries of a ``max_memory`` dict (``{0: "22GiB", "cpu": "30GiB"}``;
     through a name, or ``get_balanced_memory(..., max_memory={...})``, which only lowers GPU budgets), and
     its source text; None when any entry or the dict itself is not literal, or it has a "disk" entry."""
+    entries = max_memory_entries(facts, node, order, scope)
+    if entries is None or "disk" in entries[0]:
+        return None
+    return sum(entries[0].values()), entries[1]
+
+
+def max_memory_entries(facts: FileFacts, node: Optional[cst.BaseExpression], order: int, scope: Scope) -> Optional[tuple[dict, str]]:
+    """({device: bytes}, source text) of a literal ``max_memory`` dict (through names and
+    ``get_balanced_memory(..., max_memory={...})``); devices are ``"cpu"``, ``"disk"``, GPU indexes and
+    ``"cuda:N"`` strings as written (a key in a variable, ``{local_rank: "20GiB"}``, as its source text). None when
+    the dict or any amount is not literal."""
     for _ in range(4):
         if isinstance(node, (cst.Name, cst.Attribute)) and name_key(node) is not None:
             binding = facts.binding_at(name_key(node), order, scope)
@@ -423,15 +499,17 @@ def max_memory_budget(facts: FileFacts, node: Optional[cst.BaseExpression], orde
             break
     if not isinstance(node, cst.Dict) or not node.elements:
         return None
-    total = 0
+    entries = {}
     for element in node.elements:
-        if not isinstance(element, cst.DictElement) or string_value(element.key) == "disk":
+        if not isinstance(element, cst.DictElement):
             return None
+        device = string_value(element.key)
+        device = device if device is not None else int_value(element.key)
         amount = int_value(element.value)
         if amount is None:
             match = _MEMORY_TEXT.match(string_value(element.value) or "")
             if match is None:
                 return None
             amount = int(float(match.group(1)) * _MEMORY_UNIT[match.group(2).lower() if match.group(2) else None])
-        total += amount
-    return total, _plain(facts, node)
+        entries[device if device is not None else _plain(facts, element.key)] = amount  # a GPU index in a variable
+    return entries, _plain(facts, node)

@@ -68,6 +68,21 @@ def _tensor(node: cst.CSTNode, **traits) -> Value:
     return Value(TENSOR, node, dict(traits))
 
 
+
+# torchvision's model builders (``torchvision.models.resnet18(...)``, ``models.detection.fasterrcnn_resnet50_fpn``,
+# ``get_model("vit_b_16")``) and timm's ``create_model`` return ``nn.Module``s; the weights enums and the registry
+# helpers do not.
+_VISION_NOT_BUILDERS = {"get_model_weights", "get_weight", "list_models", "get_model_builder"}
+
+
+def _builds_vision_model(parts: list[str]) -> bool:
+    if parts == ["timm", "create_model"]:
+        return True
+    if parts[:2] != ["torchvision", "models"] or len(parts) < 3:
+        return False
+    last = parts[-1]
+    return not (last.endswith("_Weights") or last in _VISION_NOT_BUILDERS or last.startswith("_"))
+
 class ExpressionValues:
     """Evaluation of expressions that are not library constructors (a mixin of ``FileFacts``)."""
 
@@ -261,6 +276,10 @@ class ExpressionValues:
                 return self._torch_call(call, parts, order, scope)
             if parts[:2] == ["torchvision", "transforms"] and parts[-1] in _TENSOR_TRANSFORM_FUNCTIONS:
                 return _tensor(call, created=q)  # TF.to_tensor(img)
+            if q == "copy.deepcopy" and call.args:
+                return self._copied_model(call, order, scope)
+            if _builds_vision_model(parts):
+                return Value("model", call, {"class": parts[-1], "module": True})
             return UNKNOWN
         transformed = self._transformed_tensor(call, order, scope)
         if transformed is not None:
@@ -281,6 +300,15 @@ class ExpressionValues:
         if site is not None:
             return self._own_call_value(call, site)
         return UNKNOWN
+
+    def _copied_model(self, call: cst.Call, order: int, scope: "Scope") -> Value:
+        """``ema = copy.deepcopy(model)``: another model of the same class, a new object (its own origin: what is
+        done to ``model`` later, a move or ``prepare``, is not done to the copy)."""
+        copied = self.value(call.args[0].value, order, scope)
+        if copied.kind != "model":
+            return UNKNOWN
+        traits = {k: copied.trait(k) for k in ("class", "module") if copied.has(k)}
+        return Value("model", call, traits)
 
     def _transformed_tensor(self, call: cst.Call, order: int, scope: "Scope") -> Optional[Value]:
         """``tfms(img)`` where ``tfms`` is a torchvision transform (or ``Compose`` pipeline) that ends in a

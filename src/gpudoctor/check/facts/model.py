@@ -118,6 +118,8 @@ class FileFacts(DictContentsQueries, ExpressionValues):
             return None
         if type(node) is cst.Name:
             q = self.imports.get(node.value)
+            if q is None and node.value not in self._bound_names and self.star_imports:
+                q = apis.star_imported(node.value, self.star_imports)
             if q is None and node.value not in self._bound_names:
                 known = apis.WELL_KNOWN_NAMES.get(node.value) or self._well_known_class(node.value)
                 if known:
@@ -298,6 +300,18 @@ class FileFacts(DictContentsQueries, ExpressionValues):
             if current is not None and current.kind == "class":
                 current = current.parent  # class bodies are not enclosing scopes for methods
         return None
+
+    def attribute_store(self, node: Optional[cst.CSTNode], order: int, scope: Scope) -> Optional[AttributeAssignSite]:
+        """The last ``args.max_train_steps = ...`` before ``order`` that stores the attribute path ``node`` reads
+        (a dotted path on a plain name, not ``self.x``, which is a binding), in ``scope`` or at module level."""
+        path = dotted(node) if isinstance(node, cst.Attribute) else None
+        if path is None or path.startswith("self."):
+            return None
+        stores = [
+            a for a in self.attribute_assigns
+            if a.order < order and (a.scope is scope or a.scope is self.module_scope) and dotted(a.target) == path
+        ]
+        return max(stores, key=lambda a: a.order) if stores else None
 
     def assignment_of(self, node: Optional[cst.CSTNode], order: int, scope: Scope) -> Optional[Binding]:
         """The plain ``name = value`` (or ``self.x = value``) that ``node`` refers to at ``order``; None for
@@ -494,6 +508,9 @@ class FileFacts(DictContentsQueries, ExpressionValues):
                     return self._loaded_model(call, owner, method, order, scope, context)
                 if method == "from_pretrained" and "Tokenizer" in owner:
                     return Value("tokenizer", call)
+            diffusers_load = apis.diffusers_model_load(q)
+            if diffusers_load:
+                return self._loaded_model(call, *diffusers_load, order, scope, context)
         if isinstance(call.func, cst.Attribute):
             method = call.func.attr.value
             receiver = call.func.value
@@ -549,7 +566,7 @@ class FileFacts(DictContentsQueries, ExpressionValues):
         if any(isinstance(f, WithFrame) and f.qualname in apis.INIT_EMPTY for f in context):
             traits[TRAIT_EMPTY] = call
         keyword = functools.partial(self.keyword_argument, call, order=order, scope=scope)
-        traits.update(self._placement_traits(call, self.device_map(keyword("device_map"), order, scope)))
+        traits.update(self._placement_traits(call, self.device_map(keyword("device_map"), order, scope), order, scope))
         for kw in ("load_in_8bit", "load_in_4bit"):
             if is_true(keyword(kw)):
                 traits[TRAIT_QUANTIZED] = call
@@ -606,19 +623,21 @@ class FileFacts(DictContentsQueries, ExpressionValues):
     def _is_bnb_config(self, node, order, scope) -> bool:
         return self.value(node, order, scope).kind == "quantization_config"
 
-    def _placement_traits(self, call: cst.Call, device_map: Optional[DeviceMap]) -> dict[str, Any]:
+    def _placement_traits(self, call: cst.Call, device_map: Optional[DeviceMap], order: Optional[int] = None,
+                          scope: Optional[Scope] = None) -> dict[str, Any]:
         """What a loading/dispatching call's ``device_map`` says: the map, dispatch, offload evidence."""
         if device_map is None:
             return {}
         traits: dict[str, Any] = {"device_map": device_map}
         if device_map.maybe_dispatched:
             traits[TRAIT_DISPATCHED] = device_map
-        offload = self._offload_evidence(call, device_map)
+        offload = self._offload_evidence(call, device_map, order, scope)
         if offload:
             traits[TRAIT_OFFLOADED] = offload
         return traits
 
-    def _offload_evidence(self, call: cst.Call, device_map: DeviceMap) -> Optional[str]:
+    def _offload_evidence(self, call: cst.Call, device_map: DeviceMap, order: Optional[int] = None,
+                          scope: Optional[Scope] = None) -> Optional[str]:
         if device_map.explicit_offload and device_map.strategy == "explicit":
             return "the device map puts modules on " + " and ".join(sorted(device_map.explicit_offload))
         if device_map.strategy == "auto":
@@ -631,10 +650,35 @@ class FileFacts(DictContentsQueries, ExpressionValues):
                 for e in max_memory.elements
             ):
                 return None  # GPUs only and no folder: what does not fit raises instead of being offloaded
+            if order is not None:
+                overflow = self._max_memory_overflow(call, order, scope)
+                if overflow:
+                    return overflow
             hint = self.says_memory_is_short
             if hint:
                 return f'the automatic map offloads when memory is short, and the file says "{hint}"'
         return None
+
+    def _max_memory_overflow(self, call: cst.Call, order: int, scope: Scope) -> Optional[str]:
+        """``max_memory`` gives the GPUs less than the checkpoint's weights (size from its name) and has a "cpu"
+        or "disk" budget: accelerate's automatic map (it uses only the listed devices) puts the rest there."""
+        from gpudoctor.check.queries import checkpoint_name, max_memory_entries, params_from_name, weight_bytes
+
+        entries = max_memory_entries(self, self.keyword_argument(call, "max_memory", order, scope), order, scope)
+        if entries is None or not {"cpu", "disk"} & set(entries[0]):
+            return None
+        name = checkpoint_name(self, call, order, scope)
+        params = params_from_name(name)
+        if params is None:
+            return None
+        per_weight, note = weight_bytes(self, call)
+        gpu_bytes = sum(amount for device, amount in entries[0].items() if device not in ("cpu", "disk"))
+        if params * per_weight <= gpu_bytes:
+            return None
+        return (
+            f"`max_memory={entries[1]}` leaves the GPUs {gpu_bytes / 1e9:.0f} GB for `{name}` (~{params * per_weight / 1e9:.0f} GB"
+            f" of weights: {note}), so the automatic map offloads the rest"
+        )
 
     def _dispatched(self, base: Value, site: CallSite) -> Value:
         call = site.node

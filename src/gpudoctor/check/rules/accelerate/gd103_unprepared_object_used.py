@@ -76,7 +76,7 @@ class UnpreparedObjectUsed(Rule):
             elif not prepared_used and stale_kind == kind and not facts.value(receiver).has(TRAIT_PREPARED):
                 reason = f"`{where}(...)` returned `{prepared}`, which is never used afterwards"
             elif (
-                kind == "unknown" and not prepared_used and facts.value(receiver).kind == "unknown"
+                kind == "unknown" and not prepared_used and _undefined_here(facts.value(receiver))
                 and not facts.value(receiver).has(TRAIT_PREPARED)
                 and stale not in self._prepared_arguments(facts)
                 and prepared == self._closest_unused(facts, outputs, stale)
@@ -181,3 +181,9 @@ class UnpreparedObjectUsed(Rule):
         return any(
             c.method == "backward" and any(f is loop for f in c.context) for c in facts.calls
         )
+
+
+def _undefined_here(value) -> bool:
+    """Nothing in the file defines the object: unknown, or only assumed from its name in a snippet
+    (``train_dl`` iterated in a cell whose loader came from an earlier one)."""
+    return value.kind == "unknown" or value.has("assumed")

@@ -5,15 +5,47 @@ import re
 import libcst as cst
 
 from gpudoctor.check import versions
-from gpudoctor.check.facts import FileFacts, int_value
+from gpudoctor.check.facts import TRAIT_PREPARED, FileFacts, int_value
 from gpudoctor.check.finding import Applicability, Edit, Fix, Severity
 from gpudoctor.check.queries import (
-    accelerator_for, accelerator_kwargs, mixed_precision_fp16, prepare_behind, reachable_accelerator, snippet,
+    accelerator_calls, accelerator_for, accelerator_kwargs, mixed_precision_fp16, prepare_behind, reachable_accelerator, snippet,
 )
 from gpudoctor.check.rule import Rule
 
 # fp16, accumulation or DeepSpeed named outside the Accelerator call (launch comments, config flags).
 _CONFIG_TEXT = re.compile(r"\bfp16\b|mixed_precision|gradient_accumulation|deepspeed|\bfsdp\b", re.IGNORECASE)
+
+
+def _caller_accelerator(facts: FileFacts, scope, depth: int = 0):
+    """The prepare behind a prepared optimizer that a function calling ``scope`` steps, or its accelerator's
+    training call (``accumulate``, ``backward``, ``clip_grad_norm_``), up to three calls up: ``training_step(batch)``
+    does the backward, the loop that calls it runs ``with accelerator.accumulate(model)`` and steps the prepared
+    optimizer. A caller that only prepares a model (accelerate's own gradient-inspection scripts) does not count."""
+    if depth >= 3:
+        return None
+    for caller in facts.call_sites_of(scope):
+        if caller.scope is scope:
+            continue
+        trains = [c for c in accelerator_calls(facts, caller.scope) if c.method in _TRAINING_CALLS]
+        found = prepare_behind(facts, caller) or (trains[0] if trains else None)
+        found = found or _caller_accelerator(facts, caller.scope, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def _steps_unprepared_optimizer(facts: FileFacts, scope) -> bool:
+    """The function runs its own plain loop: it steps an optimizer that never went through prepare (accelerate's
+    ``mock_training`` baseline, called next to the accelerated run it is compared with)."""
+    for step in facts.method_calls("step"):
+        if step.scope is scope and step.receiver is not None:
+            value = facts.value(step.receiver, step.order, step.scope)
+            if value.kind == "optimizer" and value.trait(TRAIT_PREPARED) is None:
+                return True
+    return False
+
+
+_TRAINING_CALLS = {"accumulate", "backward", "clip_grad_norm_", "clip_grad_value_"}
 
 
 class LossBackwardWithAccelerator(Rule):
@@ -37,8 +69,10 @@ class LossBackwardWithAccelerator(Rule):
             if accelerator is None:
                 # A method or helper that steps an optimizer prepared elsewhere (``self.opt.step()``).
                 accelerator = prepare_behind(facts, site)
+                if accelerator is None and not _steps_unprepared_optimizer(facts, site.scope):
+                    accelerator = _caller_accelerator(facts, site.scope)
                 if accelerator is None:
-                    continue  # this function never touches the accelerator
+                    continue  # neither this function nor the functions that call it touch the accelerator
                 receiver = reachable_accelerator(facts, accelerator, site)
             receiver_value = facts.value(site.receiver, site.order, site.scope)
             if receiver_value.kind == "accelerator":

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from gpudoctor.check.facts import TRAIT_PREPARED, FileFacts, LoopFrame, int_value
+from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import accelerator_kwargs, mixed_precision_fp16, snippet
 from gpudoctor.check.rule import Rule
 
@@ -31,7 +32,10 @@ class OptimizerNotPrepared(Rule):
             kwargs = accelerator_kwargs(facts, backward.receiver, backward.order, backward.scope)
             fp16 = mixed_precision_fp16(facts, kwargs)
             steps = int_value(kwargs.get("gradient_accumulation_steps"))
-            accumulating = steps is not None and steps > 1
+            # A value the file does not fix (``cfg.ga``, ``args.gradient_accumulation_steps``) is read as accumulating,
+            # as GD106/GD114 do; the finding is then a warning (it is harmless when the value is 1).
+            unknown_steps = steps is None and "gradient_accumulation_steps" in kwargs
+            accumulating = unknown_steps or (steps is not None and steps > 1)
             if not (fp16 or accumulating):
                 continue
             loops = [f for f in backward.context if isinstance(f, LoopFrame)]
@@ -54,10 +58,12 @@ class OptimizerNotPrepared(Rule):
                         "inf/NaN gradients are not skipped"
                     )
                 if accumulating:
+                    n = steps if steps is not None else "N"
+                    written = snippet(facts, kwargs["gradient_accumulation_steps"])
                     effects.append(
-                        f"with `gradient_accumulation_steps={steps}` the loss is divided by {steps}, but this "
+                        f"with `gradient_accumulation_steps={written}` the loss is divided by {n}, but this "
                         "optimizer steps on every micro-batch: no accumulation, and a learning rate effectively "
-                        f"{steps}x smaller"
+                        f"{n}x smaller" + (" (when it is more than 1)" if steps is None else "")
                     )
                 yield self.report(
                     step.node,
@@ -65,4 +71,5 @@ class OptimizerNotPrepared(Rule):
                     f"`{acc}.backward(...)` is used: " + "; ".join(effects) + ".",
                     fix_hint=f"`{opt} = {acc}.prepare({opt})` (with the model and dataloaders), and step what prepare returns.",
                     related=((backward.node, f"`{acc}.backward(...)` scales/divides the loss here"),),
+                    severity=Severity.WARNING if unknown_steps and not fp16 else None,
                 )

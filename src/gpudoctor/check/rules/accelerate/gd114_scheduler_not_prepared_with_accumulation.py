@@ -15,6 +15,7 @@ from gpudoctor.check.rule import Rule
 _LENGTH_KEYWORDS = ("num_training_steps", "total_steps", "T_max", "total_iters")
 _LENGTH_POSITION = {"transformers.get_scheduler": 3}
 _DEFAULT_LENGTH_POSITION = 2  # get_linear_schedule_with_warmup(optimizer, warmup, num_training_steps)
+_LAMBDA_SCHEDULERS = {"torch.optim.lr_scheduler.LambdaLR", "torch.optim.lr_scheduler.MultiplicativeLR"}
 
 
 class SchedulerNotPreparedWithAccumulation(Rule):
@@ -110,6 +111,11 @@ def _length_argument(call: cst.Call, qualname: str) -> Optional[cst.BaseExpressi
             return found
     if qualname.startswith("transformers."):
         return call_arg(call, _LENGTH_POSITION.get(qualname, _DEFAULT_LENGTH_POSITION))
+    if qualname in _LAMBDA_SCHEDULERS:
+        # ``LambdaLR(opt, lambda s: 1 - s / max_train_steps)``: the length is inside the lambda (its names are
+        # followed like any other length expression)
+        lr_lambda = call_arg(call, 1, "lr_lambda")
+        return lr_lambda if isinstance(lr_lambda, cst.Lambda) else None
     return None
 
 
@@ -129,5 +135,10 @@ def _counts_updates(facts: FileFacts, expr: cst.BaseExpression, order: int, scop
             binding = facts.binding_at(key, order, scope)
             if binding is not None and binding.value is not None and binding.value is not expr:
                 if _counts_updates(facts, binding.value, binding.order, binding.scope, steps_node, depth + 1):
+                    return True
+        elif isinstance(node, cst.Attribute):  # ``args.max_train_steps = epochs * updates_per_epoch`` (no_trainer)
+            store = facts.attribute_store(node, order, scope)
+            if store is not None and store.value is not expr:
+                if _counts_updates(facts, store.value, store.order, store.scope, steps_node, depth + 1):
                     return True
     return False

@@ -106,11 +106,21 @@ def encoding_source(facts: FileFacts, node: cst.BaseExpression, order: int, scop
     call = tokenizer_call(facts, node)
     if call is not None:
         return call
+    if isinstance(node, cst.DictComp):
+        # ``{k: v.to(device) for k, v in batch.items()}``: the same encoding, every tensor moved.
+        mapped = _mapped_encoding(facts, node)
+        return encoding_source(facts, mapped, order, scope, depth + 1) if mapped is not None else None
     binding = facts.assignment_of(node, order, scope)
     if binding is not None:
         return encoding_source(facts, binding.value, binding.order, binding.scope, depth + 1)
     key = name_key(node)
     binding = facts.binding_at(key, order, scope) if key is not None and "." not in key else None
+    if binding is not None and binding.kind == "for":
+        # ``for batch in loader`` over ``DataLoader(..., collate_fn=lambda b: tokenizer(...))``: the batches are
+        # what the collate function returns.
+        collate = _collate_of_loader_item(facts, binding)
+        if collate is not None:
+            return encoding_source(facts, collate[0], collate[1], collate[2], depth + 1)
     if binding is not None and binding.kind == "param":
         # a Dataset's ``__init__(self, encodings)`` ... ``QADataset(tokenizer(questions))``: every call passes one
         found = {id(c): c for c in (
@@ -118,6 +128,54 @@ def encoding_source(facts: FileFacts, node: cst.BaseExpression, order: int, scop
         )}
         if len(found) == 1 and None not in found:
             return next(iter(found.values()))
+    return None
+
+
+def _mapped_encoding(facts: FileFacts, comp: cst.DictComp) -> Optional[cst.BaseExpression]:
+    """``X`` for ``{k: v<id-keeping methods> for k, v in X.items()}``, else None."""
+    loop = comp.for_in
+    target, iterable = loop.target, loop.iter
+    if loop.inner_for_in is not None or loop.ifs or not isinstance(target, cst.Tuple) or len(target.elements) != 2:
+        return None
+    key_name, value_name = (e.value for e in target.elements)
+    if not (isinstance(key_name, cst.Name) and isinstance(value_name, cst.Name)):
+        return None
+    if not (isinstance(comp.key, cst.Name) and comp.key.value == key_name.value):
+        return None
+    value = peel(facts, comp.value)
+    if not (isinstance(value, cst.Name) and value.value == value_name.value):
+        return None
+    if isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Attribute) and iterable.func.attr.value == "items" and not iterable.args:
+        return iterable.func.value
+    return None
+
+
+def _collate_of_loader_item(facts: FileFacts, binding) -> Optional[tuple[cst.BaseExpression, int, Scope]]:
+    """What the collate function of the DataLoader a whole loop item comes from returns (the lambda's body, or the
+    single returned expression of the file's own function): (expression, order, scope), else None."""
+    iterable, path = binding.value, binding.path
+    while isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Name) and iterable.args:
+        name = iterable.func.value
+        if name == "enumerate" and path[:1] == (1,):
+            iterable, path = iterable.args[0].value, path[1:]
+        elif name in ("tqdm", "iter") and facts.qualname(iterable.func) in (None, "tqdm.tqdm", "tqdm.auto.tqdm"):
+            iterable = iterable.args[0].value
+        else:
+            break
+    if path or iterable is None:
+        return None
+    value = facts.value(iterable, binding.order, binding.scope)
+    loader = value.origin().node if value.kind == "dataloader" else None
+    collate = call_arg(loader, keyword="collate_fn") if isinstance(loader, cst.Call) else None
+    if isinstance(collate, cst.Lambda):
+        order, scope = facts._position_of(loader)
+        return collate.body, order, scope
+    if isinstance(collate, cst.Name):
+        functions = [f for f in facts.functions if f.name == collate.value and f.class_name is None]
+        if len(functions) == 1:
+            returns = [r for r in facts.returns.get(id(functions[0]), ()) if r.kind == "return" and r.value is not None]
+            if len(returns) == 1:
+                return returns[0].value, returns[0].order, returns[0].scope
     return None
 
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from typing import Iterator
 
 import libcst as cst
@@ -22,6 +23,9 @@ _LABEL_COLLATORS = ("DataCollatorForLanguageModeling", "DataCollatorForSeq2Seq",
                     "SFTTrainer", "SFTConfig", "data_collator")
 
 
+_DEFAULT_COLLATOR = re.compile(r"(?:\bdata_collator\s*=\s*)?\bdefault_data_collator\b")
+
+
 class PaddingLabelsNotMasked(Rule):
     """Causal-LM labels copied from ``input_ids`` that the tokenizer padded, and nothing in the file ever
     sets ``-100``: the padding positions count in the loss, so the model learns to predict padding
@@ -37,7 +41,10 @@ class PaddingLabelsNotMasked(Rule):
         kind = language_model_kind(facts)
         if not (kind == "causal" or kind is None and _pads_with_eos(facts)) or masks_labels_somewhere(facts):
             return
-        if any(word in facts.source for word in _LABEL_COLLATORS):
+        # transformers' ``default_data_collator`` stacks the labels as given (it masks nothing): naming it, or passing
+        # it as ``data_collator=default_data_collator``, is no sign of a collator that masks the padding.
+        text = _DEFAULT_COLLATOR.sub("", facts.source)
+        if any(word in text for word in _LABEL_COLLATORS):
             return
         reported = set()
         for labels, call, order, scope in self._copies(facts):
@@ -76,10 +83,15 @@ class PaddingLabelsNotMasked(Rule):
                 yield labels.value, a, labels.order, labels.scope
         for site in facts.calls:
             labels, inputs = site.arg(keyword="labels"), site.arg(keyword="input_ids")
-            if labels is None or inputs is None:
+            # ``model(**batch, labels=batch["input_ids"])``: the input ids are the unpacked encoding's.
+            mapping = next((a.value for a in site.node.args if a.star == "**"), None) if inputs is None else None
+            if labels is None or (inputs is None and mapping is None):
                 continue
             a = ids_source(facts, labels, site.order, site.scope)
-            b = ids_source(facts, inputs, site.order, site.scope)
+            if inputs is not None:
+                b = ids_source(facts, inputs, site.order, site.scope)
+            else:
+                b = encoding_source(facts, mapping, site.order, site.scope)
             if a is not None and a is b:
                 yield labels, a, site.order, site.scope
         for site in facts.subscript_assigns:

@@ -6,7 +6,7 @@ from typing import Iterator, Optional
 import libcst as cst
 
 from gpudoctor.check import apis, versions
-from gpudoctor.check.facts import FileFacts, call_arg, name_key
+from gpudoctor.check.facts import FileFacts, call_arg, int_value, name_key
 from gpudoctor.check.facts.nodes import walk
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
@@ -53,10 +53,19 @@ class LmCollatorOverwritesLabels(Rule):
 
     @staticmethod
     def _masked_label_stores(facts: FileFacts) -> Iterator[tuple[cst.CSTNode, cst.BaseExpression]]:
-        """(node to show, label value) for `{"labels": v}` / `enc["labels"] = v` whose value masks."""
+        """(node to show, label value) for `{"labels": v}` / `enc["labels"] = v` / `dict(labels=v)` whose value
+        masks."""
         stores = [(e.element, e.value, e.order, e.scope) for e in facts.dict_entries if e.key == "labels"]
         stores += [
             (s.target, s.value, s.order, s.scope) for s in facts.subscript_assigns if subscript_key(s.target) == "labels"
+        ]
+        # ``dict(input_ids=ids, labels=[-100] * len(src) + tgt)`` (the builtin, not shadowed by the file)
+        stores += [
+            (arg, arg.value, s.order, s.scope)
+            for s in facts.calls
+            if isinstance(s.node.func, cst.Name) and s.node.func.value == "dict" and s.qualname is None
+            and facts.binding_at("dict", s.order, s.scope) is None
+            for arg in s.node.args if arg.keyword is not None and arg.keyword.value == "labels"
         ]
         for node, value, order, scope in stores:
             if _masks(facts, value, order, scope):
@@ -81,9 +90,21 @@ def _masks(facts: FileFacts, value: cst.BaseExpression, order: int, scope, depth
         and s.order < order
         and name_key(s.target.value) == key
         and any(isinstance(element.slice, cst.Slice) for element in s.target.slice)
-        and _is_ignore(facts, s.value, s.order, s.scope)
+        and (
+            _is_ignore(facts, s.value, s.order, s.scope)
+            # a Python list: ``labels[:n] = [IGNORE_INDEX] * n`` masks the first n (the prompt), not the tail
+            or (_prefix_slice(s.target) and _builds_mask(facts, s.value, s.order, s.scope))
+        )
         for s in facts.subscript_assigns
     )
+
+
+def _prefix_slice(target: cst.Subscript) -> bool:
+    """``x[:n]`` / ``x[0:n]``: a slice from the start (a prompt prefix), not ``x[n:]`` (padding at the end)."""
+    if len(target.slice) != 1 or not isinstance(target.slice[0].slice, cst.Slice):
+        return False
+    piece = target.slice[0].slice
+    return (piece.lower is None or int_value(piece.lower) == 0) and piece.upper is not None and piece.step is None
 
 
 def _builds_mask(facts: FileFacts, value: cst.BaseExpression, order: int, scope) -> bool:

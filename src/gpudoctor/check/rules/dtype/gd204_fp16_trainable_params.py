@@ -7,6 +7,7 @@ from typing import Optional
 
 from gpudoctor.check import apis
 from gpudoctor.check.facts import (
+    IfFrame,
     TRAIT_CAST,
     TRAIT_FP16,
     TRAIT_PEFT,
@@ -22,6 +23,21 @@ from gpudoctor.check.queries import snippet, trained_models
 from gpudoctor.check.rule import Rule
 
 _UNSCALE = "ValueError: Attempting to unscale FP16 gradients."
+# torch.optim's adaptive optimizers (torch 2.13 defaults): update = m / (sqrt(v) + eps) (Adagrad: sqrt(sum g^2) + eps,
+# Adamax: max|g| + eps). In float16, eps < 2**-25 (~3e-8) rounds away.
+_ADAPTIVE_DEFAULT_EPS = {
+    "Adam": 1e-8, "AdamW": 1e-8, "NAdam": 1e-8, "RAdam": 1e-8, "Adamax": 1e-8, "RMSprop": 1e-8, "Adagrad": 1e-10,
+}
+
+
+def _tiny_eps(eps: Optional[cst.BaseExpression], default: float) -> bool:
+    """The optimizer's eps is one float16 rounds to 0: the default, or a literal below 2**-25."""
+    if eps is None:
+        return default < 2 ** -25
+    try:
+        return float(eps.evaluated_value) < 2 ** -25 if isinstance(eps, (cst.Float, cst.Integer)) else False
+    except (AttributeError, ValueError):
+        return False
 
 
 def _fp16_source(value: Value) -> Optional[Value]:
@@ -46,15 +62,16 @@ class Fp16TrainableParams(Rule):
     code = "GD204"
     name = "fp16-trainable-params"
     summary = "fp16 AMP (GradScaler) while the trained parameters are float16 (Attempting to unscale FP16 gradients)"
-    triggers = ("fp16", "GradScaler")
+    triggers = ("fp16", "GradScaler", ".half(", "float16")
 
     def check(self, facts: FileFacts):
-        found = self._amp(facts)
-        if found is None:
-            return
-        amp, amp_node = found
         if facts.calls_to(*apis.PASSTHROUGH) or self._upcast_loop(facts):
             return  # trainable params are upcast to float32 (prepare_model_for_kbit_training or by hand)
+        found = self._amp(facts)
+        if found is None:
+            yield from self._pure_fp16_adaptive(facts)
+            return
+        amp, amp_node = found
         seen: set[int] = set()
         for node, site, how in sorted(trained_models(facts), key=lambda t: t[1].order):
             value = facts.value(node, site.order, site.scope)
@@ -91,14 +108,46 @@ class Fp16TrainableParams(Rule):
                 related=((fp16.node, "the weights are loaded in float16 here"), (amp_node, "fp16 AMP is turned on here")),
             )
 
+    def _pure_fp16_adaptive(self, facts: FileFacts):
+        """No mixed precision at all: a float16 model trained in full by an adaptive optimizer built over its
+        parameters with the default ``eps``. The optimizer's state and arithmetic are float16 too: ``eps=1e-8``
+        rounds to 0 and squared gradients under ~8e-3 underflow to 0, so the first step divides by zero (run here:
+        ``nn.Linear(64, 8).half()`` + ``Adam``, 49 of 512 weights non-finite after one step; SGD stays finite)."""
+        seen: set[int] = set()
+        for node, site, how in sorted(trained_models(facts), key=lambda t: t[1].order):
+            name = (site.qualname or "").rsplit(".", 1)[-1]
+            if not (site.qualname or "").startswith("torch.optim.") or name not in _ADAPTIVE_DEFAULT_EPS:
+                continue
+            if not _tiny_eps(call_arg(site.node, keyword="eps"), _ADAPTIVE_DEFAULT_EPS[name]):
+                continue
+            value = facts.value(node, site.order, site.scope)
+            if value.kind != "model" or value.has(TRAIT_QUANTIZED) or value.carrier(TRAIT_PEFT) is not None:
+                continue
+            fp16 = _fp16_source(value)
+            if fp16 is None or not _same_path(facts, fp16.node, site) or id(value.origin().node) in seen:
+                continue
+            seen.add(id(value.origin().node))
+            yield self.report(
+                site.node,
+                f"`{snippet(facts, site.node.func)}` trains `{snippet(facts, node)}`, whose weights are float16 "
+                f"(`{snippet(facts, fp16.node)}`), without mixed precision: the optimizer's state and update are float16 "
+                f"as well, its `eps` ({_ADAPTIVE_DEFAULT_EPS[name]:g}) rounds to 0 and squared gradients below ~8e-3 "
+                "underflow to 0, so the first step divides by zero and the weights turn inf/NaN (the loss becomes nan).",
+                fix_hint="Keep the weights in float32 and train with `torch.autocast(\"cuda\", dtype=torch.float16)` and a "
+                "`GradScaler` (or use bf16), or give the optimizer an eps float16 can hold (`eps=1e-4`).",
+                severity=Severity.ERROR,
+                related=((fp16.node, "the weights are made float16 here"),),
+            )
+
     @staticmethod
     def _amp(facts: FileFacts) -> Optional[tuple[str, cst.CSTNode]]:
-        """How the file turns on fp16 AMP with a GradScaler, and where."""
+        """How the file turns on fp16 AMP with a GradScaler, and where (keywords also read from a ``**kwargs``
+        dict: ``TrainingArguments(**{"fp16": True, ...})``)."""
         for site in facts.calls_to(*apis.TRAINING_ARGS):
-            if is_true(call_arg(site.node, keyword="fp16")):
+            if is_true(facts.keyword_argument(site.node, "fp16", site.order, site.scope)):
                 return f"`{snippet(facts, site.node.func)}(fp16=True)` turns on fp16 AMP with a GradScaler", site.node
         for site in facts.calls_to(*apis.ACCELERATOR):
-            if string_value(call_arg(site.node, keyword="mixed_precision")) == "fp16":
+            if string_value(facts.keyword_argument(site.node, "mixed_precision", site.order, site.scope)) == "fp16":
                 return f"`{snippet(facts, site.node.func)}(mixed_precision=\"fp16\")` unscales gradients with a GradScaler", site.node
         for site in facts.calls_to(*apis.GRAD_SCALER):
             enabled = call_arg(site.node, keyword="enabled")
@@ -140,3 +189,13 @@ class Fp16TrainableParams(Rule):
         if task is not None and "SEQ_CLS" in facts.module.code_for_node(task):
             return "`task_type=SEQ_CLS` adds the classifier head to `modules_to_save`, a float16 copy"
         return None
+
+
+def _same_path(facts: FileFacts, cast: cst.CSTNode, site) -> bool:
+    """Every ``if`` branch the cast sits in also holds the training call (``if args.eval_only: model.half()`` does
+    not reach an optimizer built in the ``else``)."""
+    cast_site = facts.call_site(cast) if isinstance(cast, cst.Call) else None
+    if cast_site is None:
+        return True
+    here = {(id(f.node), f.branch) for f in site.context if isinstance(f, IfFrame)}
+    return all((id(f.node), f.branch) in here for f in cast_site.context if isinstance(f, IfFrame))

@@ -4,7 +4,7 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from gpudoctor.check.facts import TRAIT_PREPARED, CallSite, FileFacts, call_arg, string_value
+from gpudoctor.check.facts import TRAIT_PREPARED, CallSite, FileFacts, call_arg, name_key, string_value
 from gpudoctor.check.queries import multi_process_severity, snippet
 from gpudoctor.check.rule import Rule
 
@@ -26,9 +26,10 @@ class WrappedStateDictLoadedUnwrapped(Rule):
         for load in facts.method_calls("load_state_dict"):
             if load.receiver is None:
                 continue
-            path = self._loaded_path(facts, load)
-            if path is None:
+            loaded = self._loaded_path(facts, load)
+            if loaded is None:
                 continue
+            path, filtered = loaded
             match = next((s for s in saves if s[0] == path and s[1].order < load.order), None)
             if match is None:
                 continue
@@ -43,6 +44,9 @@ class WrappedStateDictLoadedUnwrapped(Rule):
             effect = (
                 "with `strict=False` nothing is loaded and no error is raised"
                 if silent
+                else "the comprehension that keeps only the keys the model has keeps none of them: the model gets its "
+                "own (untrained) weights back and no error is raised"
+                if filtered
                 else "load_state_dict raises `RuntimeError: Error(s) in loading state_dict ... Missing key(s) in "
                 "state_dict: ... Unexpected key(s) in state_dict: \"module....\"`"
             )
@@ -90,31 +94,65 @@ class WrappedStateDictLoadedUnwrapped(Rule):
                 if value is not obj:
                     yield from self._state_dict_calls(facts, value, save, keys)
 
-    def _loaded_path(self, facts: FileFacts, load: CallSite) -> Optional[tuple[str, tuple]]:
-        """(the path ``torch.load`` read, the checkpoint keys the loaded state dict sits under):
-        ``ckpt = torch.load(p)`` ... ``load_state_dict(ckpt["model"])`` -> ``(p, ("model",))``."""
-        arg = call_arg(load.node, 0, "state_dict")
-        keys: tuple = ()
-        order, scope = load.order, load.scope
-        for _ in range(6):
-            if arg is None:
+    def _loaded_path(self, facts: FileFacts, load: CallSite) -> Optional[tuple[tuple[str, tuple], bool]]:
+        """((the path ``torch.load`` read, the checkpoint keys the loaded state dict sits under), whether a
+        comprehension kept only some keys on the way): ``ckpt = torch.load(p)`` ... ``load_state_dict(ckpt["model"])``
+        -> ``((p, ("model",)), False)``. Also through the partial-loading idiom: ``pretrained = {k: v for k, v in
+        pretrained.items() if k in model_dict}``, ``model_dict.update(pretrained)``, ``load_state_dict(model_dict)``."""
+        return self._trace(facts, call_arg(load.node, 0, "state_dict"), load.order, load.scope, (), False, 0)
+
+    def _trace(self, facts: FileFacts, arg, order: int, scope, keys: tuple, filtered: bool, depth: int):
+        if arg is None or depth > 8:
+            return None
+        if isinstance(arg, cst.Subscript) and len(arg.slice) == 1 and isinstance(arg.slice[0].slice, cst.Index):
+            index = string_value(arg.slice[0].slice.value)
+            if index is None:
                 return None
-            if isinstance(arg, cst.Subscript) and len(arg.slice) == 1 and isinstance(arg.slice[0].slice, cst.Index):
-                index = string_value(arg.slice[0].slice.value)
-                if index is None:
-                    return None
-                keys, arg = (index, *keys), arg.value
-                continue
-            if isinstance(arg, cst.Call) and facts.qualname(arg.func) == "torch.load":
-                path = call_arg(arg, 0, "f")
-                return (self._path_text(facts, path), keys) if path is not None else None
-            sources = facts.follow_name(arg, order, scope, params=False, attributes=True)
-            if not sources:
-                return None
-            [(arg, order, scope)] = sources  # a plain assignment: one source
-        return None
+            return self._trace(facts, arg.value, order, scope, (index, *keys), filtered, depth + 1)
+        if isinstance(arg, cst.Call) and facts.qualname(arg.func) == "torch.load":
+            path = call_arg(arg, 0, "f")
+            return ((self._path_text(facts, path), keys), filtered) if path is not None else None
+        if isinstance(arg, cst.DictComp):
+            source = _same_keys_source(arg)
+            if source is None:
+                return None  # keys renamed (``k.replace("module.", "")``): not the saved keys any more
+            return self._trace(facts, source, order, scope, keys, filtered or bool(arg.for_in.ifs), depth + 1)
+        binding = facts.assignment_of(arg, order, scope)
+        if binding is None:
+            return None
+        merged = _merged_into(facts, binding.key, binding, order, scope)
+        if merged is not None and not keys:
+            found = self._trace(facts, merged.arg(0, "other"), merged.order, scope, keys, filtered, depth + 1)
+            if found is not None:
+                return found
+        return self._trace(facts, binding.value, binding.order, binding.scope, keys, filtered, depth + 1)
 
     @staticmethod
     def _path_text(facts: FileFacts, node: cst.BaseExpression) -> str:
         text = string_value(node)
         return repr(text) if text is not None else facts.module.code_for_node(node)
+
+
+def _same_keys_source(comp: cst.DictComp) -> Optional[cst.BaseExpression]:
+    """``X`` for ``{k: v for k, v in X.items() [if ...]}`` (keys and values unchanged, some maybe dropped)."""
+    loop = comp.for_in
+    if loop.inner_for_in is not None or not isinstance(loop.target, cst.Tuple) or len(loop.target.elements) != 2:
+        return None
+    k, v = (e.value for e in loop.target.elements)
+    same = (
+        isinstance(k, cst.Name) and isinstance(comp.key, cst.Name) and comp.key.value == k.value
+        and isinstance(v, cst.Name) and isinstance(comp.value, cst.Name) and comp.value.value == v.value
+    )
+    it = loop.iter
+    if same and isinstance(it, cst.Call) and isinstance(it.func, cst.Attribute) and it.func.attr.value == "items" and not it.args:
+        return it.func.value
+    return None
+
+
+def _merged_into(facts: FileFacts, key: str, binding, order: int, scope) -> Optional[CallSite]:
+    """The last ``key.update(other)`` between ``key``'s binding and ``order`` in the same scope: what was merged in."""
+    updates = [
+        c for c in facts.method_calls("update")
+        if c.scope is scope and binding.order < c.order < order and name_key(c.receiver) == key and c.arg(0, "other") is not None
+    ]
+    return updates[-1] if updates else None

@@ -7,7 +7,7 @@ import libcst as cst
 from gpudoctor.check import apis
 from gpudoctor.check.facts import FileFacts, name_key
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import _parameters_owner, snippet
+from gpudoctor.check.queries import parameters_owner, snippet
 from gpudoctor.check.rule import Rule
 
 _INJECT = {"peft.inject_adapter_in_model"}
@@ -30,16 +30,17 @@ class OptimizerBeforeAdapters(Rule):
         for site in facts.calls:
             if not (site.qualname and apis.is_optimizer(site.qualname)):
                 continue
-            params = site.arg(0, "params")
-            built = facts.assignment_of(params, site.order, site.scope)  # params = model.parameters()
-            owner = _parameters_owner(built.value if built is not None else params)
-            model_key = name_key(owner) if owner is not None else None
-            if model_key is None:
+            # params = model.parameters(), parameter groups, lists filled from model.named_parameters()
+            owner = parameters_owner(facts, site.arg(0, "params"), site.order, site.scope)
+            if owner is None or name_key(owner) is None:
                 continue
             # Where the optimizer object is held: ``opt = SGD(...)``, ``self.optimizer = ...``, and names it
             # reaches through temporaries and the file's own helpers (``optimizer = make_optimizer()``).
             holders = facts.bindings_built_by(site.node)
             for holder in holders:
+                model_key = _model_key_in(facts, owner, site, holder)
+                if model_key is None:
+                    continue
                 change = self._change_after(facts, holder, model_key)
                 if change is not None:
                     node, what, order = change
@@ -136,6 +137,20 @@ class OptimizerBeforeAdapters(Rule):
                 text = facts.module.code_for_node(assign.target)
                 return assign.value, f"`{text} = {snippet(facts, assign.value, 40)}` replaces parameters", assign.order
         return None
+
+
+def _model_key_in(facts: FileFacts, owner: cst.BaseExpression, site, holder) -> Optional[str]:
+    """The model the optimizer ``site`` covers, named as in the scope that holds it: ``build_optimizer(net)``
+    builds over its parameter ``net``; in ``optimizer = build_optimizer(model)`` that is ``model`` (the argument
+    the holder's scope passes)."""
+    key = name_key(owner)
+    if holder.scope is site.scope or key is None:
+        return key
+    binding = facts.binding_at(key, site.order, site.scope)
+    if binding is None or binding.kind != "param":
+        return key
+    passed = [name_key(arg) for arg, _, scope in facts._param_arguments(binding) if scope is holder.scope]
+    return passed[0] if len(set(passed)) == 1 else None
 
 
 def _timelines(facts: FileFacts, class_name: str, methods) -> list[list[tuple]]:

@@ -261,6 +261,8 @@ def mixing_use(facts: FileFacts, node: cst.CSTNode, root: cst.CSTNode, depth: in
         return parent
     if isinstance(parent, cst.Subscript) and parent.value is child:
         return mixing_use(facts, parent, root, depth + 1)  # a slice or index stays on the tensor's device
+    if isinstance(parent, cst.UnaryOperation) and not isinstance(parent.operator, cst.Not):
+        return mixing_use(facts, parent, root, depth + 1)  # ~mask, -m: a tensor on the same device
     if isinstance(parent, cst.Comparison):
         return None  # masks from comparisons: their use is followed elsewhere
     if isinstance(parent, cst.Arg):
@@ -424,6 +426,10 @@ def placement(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: 
         q = facts.qualname(node.func)
         if q in apis.DISPATCH:
             return "dispatched"
+        if q == "copy.deepcopy" and node.args:  # where the original is when it is copied
+            site = facts.call_site(node)
+            at = (site.order, site.scope) if site is not None else (order, scope)
+            return placement(facts, node.args[0].value, *at, depth + 1)
         owner_method = apis.hf_class_method(q) if q else None
         if owner_method and owner_method[1] in ("from_pretrained", "from_config") and apis.is_model_class(owner_method[0]):
             device_map = facts.device_map(call_arg(node, keyword="device_map"), order, scope)
@@ -501,6 +507,10 @@ def cpu_computed(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scop
             method = node.func.attr.value
             if method in _REDUCTIONS | _ELEMENTWISE | SAME_DEVICE_METHODS and all(
                 not _is_tensor_like_expr(facts, a.value) or a.keyword is not None and a.keyword.value in ("min", "max", "dim", "dtype")
+                or _python_number(a.value)
+                or method in SHAPE_METHODS  # sizes and dims: ``.expand(x.size(0), -1)``
+                # ``mask.float().masked_fill(mask == 0, v)``: every tensor operand is on the CPU too
+                or cpu_computed(facts, a.value, order, scope, depth + 1, passed) is not None
                 for a in node.args
             ):
                 found = cpu_computed(facts, node.func.value, order, scope, depth + 1, passed)
@@ -539,6 +549,12 @@ def cpu_computed(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scop
         lambda *source: cpu_computed(facts, *source, depth + 1, passed), node, order, scope,
         stop=lambda binding, at: _placed_after(facts, binding, at), passed=passed,
     )
+
+
+def _python_number(node: cst.CSTNode) -> bool:
+    """``float("-inf")``, ``int(n)``, ``len(x)``: a Python number, not a tensor."""
+    return (isinstance(node, cst.Call) and isinstance(node.func, cst.Name)
+            and node.func.value in ("float", "int", "len", "round", "bool"))
 
 
 def _placed_after(facts: FileFacts, binding, order: int) -> bool:
@@ -598,6 +614,8 @@ def on_accelerator(facts: FileFacts, node: Optional[cst.CSTNode], order: int, sc
         if method in SAME_DEVICE_METHODS | SHAPE_METHODS | {"masked_fill", "ne", "eq", "lt", "gt", "le", "ge"}:
             return on_accelerator(facts, node.func.value, order, scope, depth + 1)
         return None
+    if isinstance(node, cst.Call) and _own_function_call(facts, node):
+        return _returned_on_accelerator(facts, node, (), depth)
     if isinstance(node, (cst.Subscript, cst.Attribute)):
         if isinstance(node, cst.Attribute) and node.attr.value not in ("T", "mT", "data"):
             return None
@@ -608,7 +626,32 @@ def on_accelerator(facts: FileFacts, node: Optional[cst.CSTNode], order: int, sc
         return on_accelerator(facts, node.left, order, scope, depth + 1) or on_accelerator(facts, node.right, order, scope, depth + 1)
     if isinstance(node, cst.UnaryOperation):
         return on_accelerator(facts, node.expression, order, scope, depth + 1)
+    key = name_key(node)
+    binding = facts.binding_at(key, order, scope) if key is not None and not key.startswith("self.") else None
+    if binding is not None and binding.kind == "unpack" and isinstance(binding.value, cst.Call) and binding.path \
+            and _own_function_call(facts, binding.value):
+        return _returned_on_accelerator(facts, binding.value, binding.path, depth)  # ``x, y = get_batch(data, i)``
     return facts.through_name(lambda *source: on_accelerator(facts, *source, depth + 1), node, order, scope)
+
+
+def _returned_on_accelerator(facts: FileFacts, call: cst.Call, path: tuple[int, ...], depth: int) -> Optional[cst.CSTNode]:
+    """What the file's own helper returns (the element at ``path`` of a returned tuple) is on an accelerator on
+    every ``return`` of it; None when one return is not shown to be, or a return's shape does not fit ``path``."""
+    site = facts.call_site(call)
+    returns = [ret for callee in facts.callee_scopes(site) for ret in facts.returns.get(id(callee), ())]
+    found = None
+    for ret in returns:
+        if ret.kind != "return" or ret.value is None:
+            return None
+        value = ret.value
+        for index in path:
+            if not isinstance(value, cst.Tuple) or index >= len(value.elements) or value.elements[index].value is None:
+                return None
+            value = value.elements[index].value
+        found = on_accelerator(facts, value, ret.order, ret.scope, depth + 1)
+        if found is None:
+            return None
+    return found
 
 
 def accelerator_device(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0) -> bool:
@@ -625,8 +668,9 @@ def accelerator_device(facts: FileFacts, node: Optional[cst.CSTNode], order: int
         return accelerator_device(facts, call_arg(node, 0, "type"), order, scope, depth + 1)
     if isinstance(node, cst.Attribute) and node.attr.value == "device":
         return on_accelerator(facts, node.value, order, scope, depth + 1) is not None
+    # a device handed in as a parameter: every call of the file passes one
     return bool(facts.through_name(
-        lambda *source: accelerator_device(facts, *source, depth + 1), node, order, scope, params=False, attributes=True
+        lambda *source: accelerator_device(facts, *source, depth + 1), node, order, scope, attributes=True
     ))
 
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import libcst as cst
+
 from gpudoctor.check.facts import FileFacts, Scope, name_key
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
@@ -88,14 +90,17 @@ class TensorCreatedInForward(Rule):
 
     @staticmethod
     def _returned(facts: FileFacts, site, helper: Scope) -> bool:
-        """The created tensor is what the helper returns: ``return torch.zeros(...)`` or ``h = torch.zeros(...)``
-        ... ``return h``."""
+        """The created tensor is what the helper returns, or one of the tuple it returns: ``return torch.zeros(...)``,
+        ``h = torch.zeros(...)`` ... ``return h``, an LSTM's ``return (torch.zeros(...), torch.zeros(...))`` or
+        ``return h0, c0``."""
         for ret in facts.returns.get(id(helper), ()):
             if ret.kind != "return" or ret.value is None:
                 continue
-            if ret.value is site.node:
-                return True
-            binding = facts.assignment_of(ret.value, ret.order, ret.scope)
-            if binding is not None and binding.value is site.node:
-                return True
+            parts = [e.value for e in ret.value.elements] if isinstance(ret.value, (cst.Tuple, cst.List)) else [ret.value]
+            for part in parts:
+                if part is site.node:
+                    return True
+                binding = facts.assignment_of(part, ret.order, ret.scope)
+                if binding is not None and binding.value is site.node:
+                    return True
         return False

@@ -92,10 +92,27 @@ class SubmodulesInPlainContainer(Rule):
                     name = is_module_constructor(facts, element.value)
                     if name:
                         return "dict", f"`{name}(...)`"
+            if not value.elements:
+                return self._stored_by_key(facts, keys, methods)
             return None, ""
+        if isinstance(value, cst.Call) and not value.args and (
+            (isinstance(value.func, cst.Name) and value.func.value == "dict")
+            or facts.qualname(value.func) == "collections.OrderedDict"
+        ):
+            return self._stored_by_key(facts, keys, methods)
         if isinstance(value, cst.DictComp):
             name = is_module_constructor(facts, value.value)
             return ("dict", f"`{name}(...)`") if name else (None, "")
+        return None, ""
+
+    def _stored_by_key(self, facts: FileFacts, keys: set[str], methods) -> tuple[Optional[str], str]:
+        """``self.heads = {}`` then ``self.heads[name] = nn.Linear(...)`` in the class's methods."""
+        for site in facts.subscript_assigns:
+            if site.scope in methods and site.base_key in keys:
+                built = facts.assignment_of(site.value, site.order, site.scope)
+                name = is_module_constructor(facts, built.value if built is not None else site.value)
+                if name:
+                    return "dict", f"`{name}(...)` stored by key"
         return None, ""
 
     def _registered_elsewhere(self, facts: FileFacts, key: str, methods) -> bool:

@@ -8,6 +8,7 @@ from gpudoctor.check.facts import FileFacts, Scope, name_key
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
+from gpudoctor.check.rules.placement._common import parents
 
 _NOT_IN_PLACE = {"to", "cuda", "cpu", "half", "float", "double", "bfloat16", "long", "int", "bool", "type", "pin_memory"}
 
@@ -157,6 +158,8 @@ def _callee_kind(facts: FileFacts, call) -> Optional[str]:
     ``.eval()``/``.train()``/``.parameters()`` on), None otherwise (the file's own modules whose ``forward``
     reads its input as a mapping are not counted)."""
     func = call.node.func
+    if call.qualname in _FUNCTIONAL_LOSSES:
+        return "loss"
     value = facts.value(func, call.order, call.scope)
     if value.kind == "model":
         cls = str(value.trait("class") or "")
@@ -178,7 +181,44 @@ def _callee_kind(facts: FileFacts, call) -> Optional[str]:
             root = root.func.value  # model.to(device).eval()
         if isinstance(root, cst.Name) and root.value == func.value:
             return "model"
+    if _output_to_loss(facts, call):
+        return "model"  # ``criterion(model(x), y)``: a handed-in callable whose output a loss module takes
     return None
+
+
+def _output_to_loss(facts: FileFacts, call) -> bool:
+    """The call's result is an argument of a loss module's call, directly (``criterion(model(x), y)``) or
+    through the name it is bound to (``out = model(x)`` ... ``criterion(out, y)``)."""
+    up = parents(facts, call.scope.node)
+    parent = up.get(id(call.node))
+    if isinstance(parent, cst.Arg):
+        outer = facts.call_site(up.get(id(parent)))
+        return outer is not None and outer is not call and _loss_call(facts, outer)
+    if isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target, cst.Name):
+        key = parent.targets[0].target.value
+        for other in facts.calls:
+            if other.scope is call.scope and other.order > call.order and _loss_call(facts, other) and any(
+                isinstance(a.value, cst.Name) and a.value.value == key
+                and getattr(facts.binding_at(key, other.order, other.scope), "value", None) is call.node
+                for a in other.node.args
+            ):
+                return True
+    return False
+
+
+def _loss_call(facts: FileFacts, call) -> bool:
+    if call.qualname in _FUNCTIONAL_LOSSES:
+        return True
+    value = facts.value(call.node.func, call.order, call.scope)
+    return value.kind == "model" and str(value.trait("class") or "").endswith("Loss")
+
+
+# torch.nn.functional losses: every positional input is a tensor.
+_FUNCTIONAL_LOSSES = {f"torch.nn.functional.{name}" for name in (
+    "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
+    "binary_cross_entropy_with_logits", "kl_div", "cosine_embedding_loss", "margin_ranking_loss",
+    "multilabel_soft_margin_loss", "soft_margin_loss", "triplet_margin_loss", "poisson_nll_loss",
+)}
 
 
 def _forward_takes_tensor(facts: FileFacts, class_name: str) -> bool:

@@ -5,7 +5,7 @@ from typing import Optional
 import libcst as cst
 
 from gpudoctor.check import apis
-from gpudoctor.check.facts import CallSite, FileFacts, name_key
+from gpudoctor.check.facts import CallSite, FileFacts, call_arg, name_key
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import _parameters_owner, snippet
 from gpudoctor.check.rule import Rule
@@ -67,15 +67,48 @@ class OptimizerStateLoadedBeforeMove(Rule):
             )
 
     def _later_move(self, facts: FileFacts, model_key: str, load: CallSite, origin) -> Optional[CallSite]:
+        found = self._move_after(facts, model_key, load.order, load.scope, origin)
+        if found is not None:
+            return found
+        # The load runs in a helper or method (``self.load(path)``, ``resume(model, opt, path)``): a move after the
+        # call that runs it, in the caller (the model named there: the same ``self.x``, or the argument passed).
+        for caller_key, order, scope in self._callers(facts, model_key, load.scope):
+            found = self._move_after(facts, caller_key, order, scope, None)
+            if found is not None:
+                return found
+        return None
+
+    @staticmethod
+    def _callers(facts: FileFacts, model_key: str, function):
+        if function.kind != "function":
+            return
+        binding = next(iter(function.bindings.get(model_key, ())), None)
+        if binding is not None and binding.kind == "param":
+            for arg, order, scope in facts._param_arguments(binding):
+                key = name_key(arg)
+                if key is not None:
+                    yield key, order, scope
+        elif model_key.startswith("self.") and model_key not in function.bindings:
+            for site in facts.call_sites_of(function):
+                if site.scope.class_name == function.class_name and name_key(site.node.func) == f"self.{function.name}":
+                    yield model_key, site.order, site.scope
+        elif binding is None:  # the model is the caller's (the optimizer came in as an argument built over it)
+            for site in facts.call_sites_of(function):
+                yield model_key, site.order, site.scope
+
+    def _move_after(self, facts: FileFacts, model_key: str, after: int, where, origin) -> Optional[CallSite]:
         for site in facts.calls:
-            if site.order <= load.order or site.method not in apis.MODULE_MOVES:
+            if site.order <= after or site.method not in apis.MODULE_MOVES:
                 continue
             key = name_key(site.receiver)
-            same = key == model_key and facts._same_namespace(site.scope, load.scope, model_key)
-            if not same and not (origin is not None and key is not None and site.scope is load.scope
+            wrapped = _wrapped_module(facts, site.receiver)  # ``nn.DataParallel(model).cuda()`` moves ``model``
+            if wrapped is not None:
+                key = name_key(wrapped)
+            same = key == model_key and facts._same_namespace(site.scope, where, model_key)
+            if not same and not (origin is not None and key is not None and site.scope is where
                                  and facts.value(site.receiver, site.order, site.scope).origin().node is origin):
                 continue
-            if site.scope is not load.scope and site.scope.kind != "module" and load.scope.kind != "module":
+            if site.scope is not where and site.scope.kind != "module" and where.kind != "module":
                 continue
             if site.method == "to" and not any(_device_arg(facts, a, site) for a in site.node.args):
                 continue
@@ -84,13 +117,24 @@ class OptimizerStateLoadedBeforeMove(Rule):
 
     def _state_recast(self, facts: FileFacts, opt_key: str, load: CallSite, move: CallSite) -> bool:
         for site in facts.method_calls("load_state_dict"):
-            if (site.order > move.order and name_key(site.receiver) == opt_key
-                    and facts._same_namespace(site.scope, load.scope, opt_key)):
-                return True
+            if site is load or name_key(site.receiver) != opt_key or not facts._same_namespace(site.scope, load.scope, opt_key):
+                continue
+            if site.scope is move.scope or site.scope.kind == "module" or move.scope.kind == "module":
+                if site.order > move.order:
+                    return True
+            elif any(call.scope is move.scope and call.order > move.order for call in facts.call_sites_of(site.scope)):
+                return True  # a helper/method that reloads the state, called after the move
         for _key, bindings in ((opt_key, move.scope.bindings.get(opt_key, ())),):
             if any(b.order > move.order for b in bindings):
                 return True
         return False
+
+
+def _wrapped_module(facts: FileFacts, node) -> Optional[cst.BaseExpression]:
+    """The module a ``DataParallel(...)``/``DistributedDataParallel(...)`` call wraps (their moves move it)."""
+    if isinstance(node, cst.Call) and facts.qualname(node.func) in apis.DATA_PARALLEL | apis.DISTRIBUTED_DATA_PARALLEL:
+        return call_arg(node, 0, "module")
+    return None
 
 
 def _device_arg(facts: FileFacts, arg: cst.Arg, site: CallSite) -> bool:

@@ -5,7 +5,7 @@ import libcst as cst
 from gpudoctor.check import apis
 from gpudoctor.check.facts import FileFacts, call_arg, name_key, string_value
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import snippet
+from gpudoctor.check.queries import exclusive_branches, snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.placement._common import PLACING_METHODS, placement
 
@@ -61,6 +61,8 @@ class DataParallelModelNotOnDevice0(Rule):
         keys.discard(None)
         moves = [c for c in facts.calls if c.method in apis.MODULE_MOVES and c.scope is site.scope
                  and (name_key(c.receiver) in keys or c.receiver is module)]
+        moves += self._moves_in_construction(facts, module, site.order, site.scope)
+        moves.sort(key=lambda c: c.order)
         if not moves:
             return
         move = moves[-1]
@@ -83,6 +85,19 @@ class DataParallelModelNotOnDevice0(Rule):
             severity=Severity.ERROR,
             related=((site.node, "wrapped here"),),
         )
+
+    @staticmethod
+    def _moves_in_construction(facts: FileFacts, module, order: int, scope) -> list:
+        """The move chained onto the expression the wrapped name was assigned from: ``net =
+        models.resnet50().to(device)`` (the last one in the chain: ``Net().cuda().to(device)``)."""
+        binding = facts.assignment_of(module, order, scope)
+        node = binding.value if binding is not None else None
+        while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            call = facts.call_site(node)
+            if call is not None and call.method in apis.MODULE_MOVES:
+                return [call]
+            node = node.func.value
+        return []
 
     def _device_index(self, facts: FileFacts, node, order: int, scope, depth: int = 0):
         """The literal GPU index of a device expression: ``"cuda:1"``, ``torch.device("cuda", 1)``, ``1``, a
@@ -114,6 +129,8 @@ class DataParallelModelNotOnDevice0(Rule):
             keys.add(binding.key)
         keys.discard(None)
         for call in facts.calls:
+            if exclusive_branches(site.context, call.context):
+                continue  # ``if multi_gpu: DataParallel(model)`` / ``else: model.cuda()``: the wrapped path never moves
             if call.order > site.order and call.method in apis.MODULE_MOVES and name_key(call.receiver) in keys:
                 return True
             if call.order > site.order and call.method in apis.MODULE_MOVES and name_key(call.receiver) is not None:

@@ -8,7 +8,15 @@ from gpudoctor.check.facts import CallSite, FileFacts, call_arg, name_key
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
-from gpudoctor.check.rules.placement._common import PLACING_METHODS, TENSOR_ARGUMENTS, holds_no_tensors, moves_to_accelerator, placement
+from gpudoctor.check.rules.placement._common import (
+    PLACING_METHODS,
+    TENSOR_ARGUMENTS,
+    accelerator_device,
+    holds_no_tensors,
+    module_classes,
+    moves_to_accelerator,
+    placement,
+)
 
 
 class SecondModelInputsElsewhere(Rule):
@@ -32,6 +40,8 @@ class SecondModelInputsElsewhere(Rule):
                 continue
             if placement(facts, site.node.func, site.order, site.scope) != "unplaced":
                 continue
+            if b_key.startswith("self.") and site.scope.class_name in module_classes(facts):
+                continue  # a submodule of an nn.Module: ``.to()`` of the enclosing module places it
             if self._handed_over(facts, b_key, site):
                 continue
             if holds_no_tensors(facts, site.node.func, site.order, site.scope) or self._weights_placed(facts, site):
@@ -62,11 +72,41 @@ class SecondModelInputsElsewhere(Rule):
         for call in facts.calls:
             if call is site:
                 continue
-            if any(name_key(a.value) == key for a in call.node.args):
+            if any(name_key(a.value) == key for a in call.node.args) and not self._only_delivers(facts, call, key, site):
                 return True
             if call.method in PLACING_METHODS and name_key(call.receiver) == key:
                 return True
         return False
+
+    @staticmethod
+    def _only_delivers(facts: FileFacts, call: CallSite, key: str, site: CallSite) -> bool:
+        """``distill(student, teacher, ...)`` where ``distill`` is the function that calls ``teacher(...)``: the call
+        only brings the model to the site; it places it only if that function moves its parameter or hands it on."""
+        callees = facts.callee_scopes(call)
+        if site.scope not in callees:
+            return False
+        function = site.scope
+        params = [*function.node.params.posonly_params, *function.node.params.params]
+        if function.parent is not None and function.parent.kind == "class" and params:
+            params = params[1:]
+        names = set()
+        for position, arg in enumerate(call.node.args):
+            if name_key(arg.value) != key or arg.star:
+                continue
+            if arg.keyword is not None:
+                names.add(arg.keyword.value)
+            elif position < len(params):
+                names.add(params[position].name.value)
+        if not names:
+            return False
+        for other in facts.calls:
+            if other.scope is not function or other is site:
+                continue
+            if other.method in PLACING_METHODS and name_key(other.receiver) in names:
+                return False
+            if any(name_key(a.value) in names for a in other.node.args):
+                return False
+        return True
 
     def _weights_placed(self, facts: FileFacts, site: CallSite) -> bool:
         """A weighted loss whose only tensors, its ``weight=``/``pos_weight=``, were built on a device
@@ -104,6 +144,12 @@ class SecondModelInputsElsewhere(Rule):
             if name_key(call) is None:
                 break
             binding = facts.binding_at(name_key(call), order, scope)
+            if binding is not None and binding.kind == "unpack" and isinstance(binding.value, cst.Tuple) and binding.path:
+                element = _element(binding.value, binding.path)  # ``x, y = x.to(device), y.to(device)``
+                if element is None:
+                    return None
+                call, order, scope = element, binding.order, binding.scope
+                continue
             if binding is None or binding.kind != "assign":
                 return None
             call, order, scope = binding.value, binding.order, binding.scope
@@ -127,4 +173,15 @@ class SecondModelInputsElsewhere(Rule):
         text = string_value(target)
         if text and text.startswith("cuda"):
             return call, None
+        if target is not None and accelerator_device(facts, target, order, scope):
+            return call, None  # ``.to(device)`` with ``device = torch.device("cuda" if ... else "cpu")``, handed in
         return None
+
+
+def _element(value: cst.BaseExpression, path: tuple[int, ...]) -> Optional[cst.BaseExpression]:
+    """The element at ``path`` of nested tuple literals, or None when the shape does not fit."""
+    for index in path:
+        if not isinstance(value, cst.Tuple) or index >= len(value.elements) or isinstance(value.elements[index], cst.StarredElement):
+            return None
+        value = value.elements[index].value
+    return value

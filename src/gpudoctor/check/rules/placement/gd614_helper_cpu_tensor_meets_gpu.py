@@ -4,14 +4,17 @@ from typing import Optional
 
 import libcst as cst
 
+from gpudoctor.check import apis
 from gpudoctor.check.facts import TRAIT_DISPATCHED, TRAIT_PREPARED, FileFacts
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.placement._common import (
+    accelerator_device,
     cpu_computed,
     file_sets_default_device,
     mixing_use,
+    module_classes,
     on_accelerator,
     parents,
 )
@@ -49,6 +52,8 @@ class HelperCpuTensorMeetsGpu(Rule):
             root = site.scope.node if site.scope.kind == "function" else facts.module
             use = mixing_use(facts, site.node, root)
             placed = self._accelerator_operand(facts, use) if use is not None else None
+            if placed is None and use is not None:
+                placed = self._module_on_accelerator(facts, site.scope)  # in forward: meets the weights/inputs
             if placed is None:
                 use, placed = self._model_input(facts, site, root)
             if use is None or placed is None or id(use) in reported:
@@ -66,6 +71,29 @@ class HelperCpuTensorMeetsGpu(Rule):
                 related=((origin, "built on the CPU here"), (placed, "the other operand is put on an accelerator here")),
             )
 
+    @staticmethod
+    def _module_on_accelerator(facts: FileFacts, scope) -> Optional[cst.CSTNode]:
+        """The helper is called in a method of the file's own ``nn.Module`` class, an instance of which the file
+        moves to an accelerator (``Encoder(...).cuda()``, ``model.to(device)`` with a GPU ``device``): what the
+        method mixes the result with (the module's weights, its inputs) is on that accelerator."""
+        class_name = scope.class_name
+        if class_name is None or class_name not in module_classes(facts) or not _runs_in_forward(facts, scope):
+            return None
+        for move in facts.calls:
+            if move.method not in apis.MODULE_MOVES or move.receiver is None:
+                continue
+            value = facts.value(move.receiver, move.order, move.scope)
+            if value.kind != "model" or value.trait("class") != class_name:
+                continue
+            if move.method == "to":
+                target = move.arg(0, "device")
+                if target is None or not accelerator_device(facts, target, move.order, move.scope):
+                    continue
+            elif move.method != "cuda":
+                continue
+            return move.node
+        return None
+
     def _model_input(self, facts: FileFacts, site, root):
         """(the model call, the accelerator tensor) when the helper's result, directly or through a local name,
         is an input of a model call (``model(src, trg, src_mask, make_mask(n))``) that also takes a tensor the
@@ -75,12 +103,14 @@ class HelperCpuTensorMeetsGpu(Rule):
         parent = up.get(id(site.node))
         if isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target, cst.Name):
             key = parent.targets[0].target.value
-            binding = facts.binding_at(key, site.order + 1, site.scope)
+            binding = next((b for b in site.scope.bindings.get(key, ()) if b.target is parent.targets[0].target), None)
             for _order, load, scope in facts.name_loads.get(key, ()):
                 if scope is site.scope and facts.binding_at(key, *facts._position_of(load)) is binding:
                     nodes.append(load)
         for node in nodes:
             arg = up.get(id(node))
+            while isinstance(arg, cst.Element) and isinstance(up.get(id(arg)), (cst.Tuple, cst.List)):
+                arg = up.get(id(up.get(id(arg))))  # ``model(x, (h0, c0))``: an element of a tuple argument
             call = up.get(id(arg)) if isinstance(arg, cst.Arg) else None
             if not isinstance(call, cst.Call) or arg.star:
                 continue
@@ -146,3 +176,14 @@ def _moves_inputs(model) -> bool:
             return True
         model = model.base
     return False
+
+
+def _runs_in_forward(facts: FileFacts, scope) -> bool:
+    """``forward``, or a method of the same class that ``forward`` calls (``self._embed(x)``): code that runs once the
+    module is on its device (``__init__`` and its helpers run before any move)."""
+    if scope.name == "forward":
+        return True
+    return any(
+        site.scope.name == "forward" and site.scope.class_name == scope.class_name
+        for site in facts.call_sites_of(scope)
+    )

@@ -18,7 +18,7 @@ class ComputeLossWithoutNumItems(Rule):
     ``self.compute_loss(model, inputs, num_items_in_batch=...)`` (transformers >= 4.46; 5.24 ``trainer.py:2090``,
     also ``prediction_step``), so the first training step raises ``TypeError``."""
 
-    code = "GD416"
+    code = "GD417"
     name = "compute-loss-without-num-items"
     summary = "Trainer subclass overrides compute_loss without num_items_in_batch (TypeError at the first step)"
     severity = Severity.ERROR
