@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -103,6 +104,26 @@ def test_script_that_needs_values_stops_with_an_explanation(tmp_path):
     traceback = proc.stderr.split("gpudoctor trace")[0]
     assert "gpudoctor --simulate stopped at" in traceback and "no values" in traceback
     assert "gpudoctor/simulate" not in traceback
+
+
+def test_program_that_aborts_before_reporting_gets_no_verdict(tmp_path):
+    # An exception from a hook on an autograd node aborts the process on the virtual devices (torch's engine
+    # loses it): gpudoctor must not claim the run fits, and says what is known to cause it.
+    script = textwrap.dedent("""\
+        import torch
+        model = torch.nn.Linear(8, 8).cuda()
+        loss = model(torch.randn(4, 8, device="cuda")).sum()
+        def bad(*grads):
+            raise ValueError("my hook failed")
+        loss.grad_fn.register_hook(bad)
+        loss.backward()
+        """)
+    proc, report = _trace(tmp_path, script, "--simulate", "1xT4")
+    assert proc.returncode == -signal.SIGABRT  # gpudoctor ends the way the program did
+    verdict = report["simulated"]["verdict"]
+    assert verdict["kind"] == "not-simulated" and verdict["fits"] is None
+    assert "grad_fn.register_hook" in verdict["message"]
+    assert "not simulated on 1xT4" in proc.stderr and "left on the fullest card" not in proc.stderr
 
 
 @pytest.mark.slow

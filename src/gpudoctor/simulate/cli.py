@@ -32,13 +32,30 @@ def _translate(value):
     return value
 
 
-def finish(merged: dict) -> dict:
+def finish(merged: dict, ended_by_signal: int | None = None) -> dict:
     """Device names as the script wrote them (``cuda:N``) everywhere; ``simulated`` = the summary of the run."""
     merged = _translate(merged)
     summaries = [r.get("simulation") for r in merged.get("ranks", []) if r.get("simulation")]
     merged["simulated"] = summaries[0] if summaries else {"simulated": True, "spec": os.environ.get(ENV_SPEC), "devices": []}
-    merged["simulated"]["verdict"] = verdict(merged)
+    merged["simulated"]["verdict"] = verdict(merged) if summaries else _unreported(merged, ended_by_signal)
     return merged
+
+
+def _unreported(merged: dict, ended_by_signal: int | None) -> dict:
+    """No process of the program handed back a simulation summary: no verdict can be given."""
+    import signal
+
+    if ended_by_signal == signal.SIGABRT:
+        why = ("the program aborted inside the simulator before it could report. A known cause: an exception raised by a "
+               "hook registered directly on an autograd node (`loss.grad_fn.register_hook(...)`) cannot cross backward on "
+               "the simulated devices (torch's engine loses it); hooks on tensors and modules are fine. Otherwise this is a "
+               "gpudoctor bug: please report it with the script")
+    elif ended_by_signal is not None:
+        why = f"the program was ended by signal {ended_by_signal} before the simulation reported"
+    else:
+        why = (f"the program ended (exit status {merged.get('exit_code')}) without a simulated CUDA device being set up "
+               "(it never used torch, or stopped before)")
+    return {"fits": None, "kind": "not-simulated", "message": why}
 
 
 def verdict(merged: dict) -> dict:
@@ -66,6 +83,10 @@ def render_simulation(merged: dict, console=None) -> None:
 
     console = console or Console(stderr=True)
     sim = merged.get("simulated") or {}
+    v = sim.get("verdict") or {}
+    if v.get("kind") == "not-simulated":
+        console.print(f"[bold yellow]not simulated[/] on {sim.get('spec')}: {v.get('message')}", highlight=False)
+        return
     table = Table(title=f"SIMULATED GPU memory on {sim.get('spec')} after {sim.get('optimizer_steps', 0)} optimizer step(s) (not measured)")
     for column in ("device", "total", "peak alloc", "peak resv", "left", "weights", "grads", "optim", "activ+tmp"):
         table.add_column(column, justify="left" if column == "device" else "right")

@@ -188,6 +188,13 @@ class Simulation:
             self._set(torch.accelerator, "current_accelerator", lambda check_available=False: torch.device("cuda"))
             self._set(torch.accelerator, "is_available", lambda: True)
             self._set(torch.accelerator, "device_count", lambda: len(self.cards))
+        storage_resize = torch.UntypedStorage.resize_
+
+        def resize_counted(storage, nbytes):  # FSDP2 frees and re-allocates its unsharded parameters so
+            self.tracker.resize(storage, nbytes)  # first: an OOM leaves the storage as it was, as on a card
+            return storage_resize(storage, nbytes)
+
+        self._set(torch.UntypedStorage, "resize_", resize_counted)
         self._set(torch.Tensor, "is_cuda", property(lambda t: t.device.type in ("cuda", devices.BACKEND)))
         self._set(nn.Module, "_apply", _apply_replacing_fake)
         original_to, original_cuda = nn.Module.to, nn.Module.cuda

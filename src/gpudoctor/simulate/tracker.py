@@ -3,7 +3,10 @@
 A :class:`TorchDispatchMode` above ``FakeTensorMode`` sees every aten op. Each op output on a virtual
 device whose storage is new (not a view, not written in place) is one ``malloc`` of the storage's
 bytes; a ``weakref.finalize`` on the storage frees it when the last tensor on it dies, exactly when
-CUDA's allocator would get the block back.
+CUDA's allocator would get the block back. ``untyped_storage().resize_(n)`` (FSDP2 frees its gathered
+parameters so) frees the storage's block when ``n`` is 0, else allocates ``n`` bytes and frees the old block. A
+tensor subclass that wraps others (a DTensor) holds the memory of what it wraps (its local shard), not of its
+own logical shape.
 
 Values a fake tensor cannot have (``.item()``, ``.tolist()``, ``bool(t)``, ``nonzero``, boolean
 masks, ``unique``) get a documented stand-in instead of an error:
@@ -24,11 +27,30 @@ import weakref
 from collections import Counter
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from gpudoctor.simulate.allocator import DeviceAllocator
 
 aten = torch.ops.aten
+
+
+class _Held:
+    """The block a tracked storage holds now (None while it is resized to 0 bytes) on card ``index``."""
+
+    __slots__ = ("index", "block", "category")
+
+    def __init__(self, index: int, block):
+        self.index = index
+        self.block = block
+        self.category = block.category
+
+
+def _inner_tensors(tensor: torch.Tensor):
+    names, _ = tensor.__tensor_flatten__()
+    for name in names:
+        inner = getattr(tensor, name)
+        if isinstance(inner, torch.Tensor):
+            yield inner
 
 
 class DataDependent(RuntimeError):
@@ -41,7 +63,7 @@ class AllocationTracker(TorchDispatchMode):
         self.allocators = allocators
         self.backend = backend
         self.phase_of = phase_of  # () -> (phase, default category)
-        self.blocks: dict[int, object] = {}  # storage cdata -> (device index, Block)
+        self.blocks: dict[int, _Held] = {}  # storage cdata -> what it holds
         self.stand_ins: Counter = Counter()
         # An exception raised inside the autograd engine on the virtual backend aborts the process (C++
         # terminate, torch 2.13; see session._run_held): an OOM or a hook's error during backward is held here and
@@ -54,37 +76,74 @@ class AllocationTracker(TorchDispatchMode):
         device = tensor.device
         if device.type != self.backend:
             return
+        if is_traceable_wrapper_subclass(tensor):
+            # a DTensor (or another wrapper subclass) holds no memory of its own: what it wraps (a DTensor's local
+            # shard) does, and that is what a card holds
+            for inner in _inner_tensors(tensor):
+                self.track(inner, category)
+            return
         storage = tensor.untyped_storage()
         key = storage._cdata
         if key in self.blocks:
             return
         phase, default = self.phase_of()
-        index = device.index or 0
-        allocator = self.allocators[index]
+        block = self._malloc(device.index or 0, storage.nbytes(), category or default, phase)
+        if block is None:
+            return
+        holder = _Held(device.index or 0, block)
+        self.blocks[key] = holder
+        weakref.finalize(storage, self._free, key, holder)
+
+    def _malloc(self, index: int, nbytes: int, category: str, phase: str):
+        """One allocation on card ``index``; None when this backward already failed (then nothing more is counted),
+        or when it fails inside backward (the OOM is held, see ``pending_error``)."""
         if self.pending_error is not None:
-            return  # this backward already failed; the rest of it is not counted
+            return None
         try:
-            block = allocator.malloc(storage.nbytes(), category or default, phase)
+            return self.allocators[index].malloc(nbytes, category, phase)
         except torch.OutOfMemoryError as exc:
             if not self.in_backward:
                 raise
             self.pending_error = exc
-            return
-        self.blocks[key] = (index, block)
-        weakref.finalize(storage, self._free, key, index, block)
+            return None
 
-    def _free(self, key: int, index: int, block) -> None:
-        current = self.blocks.get(key)
-        if current is not None and current[1] is block:
+    def resize(self, storage, nbytes: int) -> None:
+        """``untyped_storage().resize_(nbytes)`` of a tracked storage, as ``resize_bytes_cuda`` does it: to 0 the
+        block is freed (FSDP2 frees its unsharded parameters so); to more than 0 a new block of ``nbytes`` is
+        allocated and then the old one freed (the data is copied across)."""
+        holder = self.blocks.get(storage._cdata)
+        if holder is None:
+            return
+        old = holder.block
+        category = old.category if old is not None else holder.category
+        if nbytes > 0:
+            phase, _ = self.phase_of()
+            holder.block = self._malloc(holder.index, nbytes, category, phase)
+        else:
+            holder.block = None
+        holder.category = category
+        if old is not None:
+            self.allocators[holder.index].free_block(old)
+
+    def _free(self, key: int, holder: "_Held") -> None:
+        if self.blocks.get(key) is holder:
             del self.blocks[key]
-        self.allocators[index].free_block(block)
+        if holder.block is not None:
+            self.allocators[holder.index].free_block(holder.block)
+            holder.block = None
 
     def categorize(self, tensor: torch.Tensor, category: str) -> None:
         if tensor is None or tensor.device.type != self.backend:
             return
-        entry = self.blocks.get(tensor.untyped_storage()._cdata)
-        if entry is not None:
-            self.allocators[entry[0]].recategorize(entry[1], category)
+        if is_traceable_wrapper_subclass(tensor):
+            for inner in _inner_tensors(tensor):
+                self.categorize(inner, category)
+            return
+        holder = self.blocks.get(tensor.untyped_storage()._cdata)
+        if holder is not None:
+            holder.category = category
+            if holder.block is not None:
+                self.allocators[holder.index].recategorize(holder.block, category)
 
     # -- dispatch -----------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

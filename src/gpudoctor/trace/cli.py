@@ -95,7 +95,7 @@ def main(argv: list[str]) -> int:
     if opts.get("simulate"):
         from gpudoctor.simulate.cli import finish
 
-        merged = finish(merged)
+        merged = finish(merged, run.signal)
     merged["notes"] = ending_notes(run)
     try:
         if opts["check"]:

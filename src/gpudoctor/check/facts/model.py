@@ -631,7 +631,7 @@ class FileFacts(DictContentsQueries, ExpressionValues):
         if qconfig is not None and self._is_bnb_config(qconfig, order, scope):
             traits[TRAIT_QUANTIZED] = call
         dtype = keyword("dtype") or keyword("torch_dtype")
-        if dtype is not None and self.qualname(dtype) in ("torch.float16", "torch.half"):
+        if self._fp16_dtype(dtype):
             traits[TRAIT_FP16] = dtype
         traits["class"] = owner
         conditions = self.keyword_conditions(call, order, scope)
@@ -641,10 +641,17 @@ class FileFacts(DictContentsQueries, ExpressionValues):
             traits["kwargs_conditions"] = conditions
         return Value("model", call, traits)
 
+    def _fp16_dtype(self, dtype: Optional[cst.BaseExpression]) -> bool:
+        """``torch.float16`` / ``torch.half``, or the string ``from_pretrained`` resolves with ``getattr(torch, dtype)``
+        (transformers 5.24 ``modeling_utils.py:858``; diffusers the same): ``dtype="float16"``."""
+        if dtype is None:
+            return False
+        return self.qualname(dtype) in ("torch.float16", "torch.half") or string_value(dtype) in ("float16", "half")
+
     def _loaded_pipeline(self, call: cst.Call, order: int, scope: Scope) -> Value:
         """A diffusers pipeline; ``torch_dtype=torch.float16`` loads every component in float16."""
         dtype = self.keyword_argument(call, "torch_dtype", order, scope) or self.keyword_argument(call, "dtype", order, scope)
-        fp16 = dtype is not None and self.qualname(dtype) in ("torch.float16", "torch.half")
+        fp16 = self._fp16_dtype(dtype)
         return Value(DIFFUSION_PIPELINE, call, {TRAIT_FP16: dtype} if fp16 else {})
 
     def _pipeline_component(self, node: cst.Attribute, pipeline: Value, order: int, scope: Scope) -> Value:

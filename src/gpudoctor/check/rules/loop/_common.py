@@ -39,12 +39,48 @@ def frames_inside(site, loop: Optional[LoopFrame]) -> list:
     return []
 
 
-def is_accumulation_test(facts: FileFacts, test: cst.BaseExpression) -> bool:
-    """``(step + 1) % accum == 0``, ``step % args.gradient_accumulation_steps == 0``, ``if accumulate_done:``."""
+def is_accumulation_test(facts: FileFacts, test: cst.BaseExpression, depth: int = 0) -> bool:
+    """``(step + 1) % accum == 0``, ``step % args.gradient_accumulation_steps == 0``, ``if accumulate_done:``,
+    also through a name assigned such a test (``sync = micro_step == grad_accum - 1`` ... ``if sync:``)."""
     text = facts.module.code_for_node(test)
-    if _ACCUM_WORD.search(text):
+    if _ACCUM_WORD.search(text) or _has_modulo(test) or _last_inner_iteration(facts, test):
         return True
-    return _has_modulo(test)
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        test = test.expression
+    if depth < 4 and name_key(test) is not None:
+        binding = facts.assignment_of(test, *facts._position_of(test))
+        if binding is not None and isinstance(
+            binding.value, (cst.Comparison, cst.BooleanOperation, cst.UnaryOperation, cst.Name, cst.Attribute)
+        ):
+            return is_accumulation_test(facts, binding.value, depth + 1)
+    return False
+
+
+def _last_inner_iteration(facts: FileFacts, test: cst.BaseExpression) -> bool:
+    """``i == n - 1`` (or ``i + 1 == n``) where ``i`` is the target of a ``for i in range(n)`` loop of the file: the
+    last of n micro-steps, what an optimizer step guarded by it accumulates over."""
+    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and isinstance(test.comparisons[0].operator, cst.Equal)):
+        return False
+    code = facts.module.code_for_node
+    sides = (test.left, test.comparisons[0].comparator)
+    for index, bound in (sides, sides[::-1]):
+        if isinstance(index, cst.BinaryOperation) and isinstance(index.operator, cst.Add):
+            index, one = index.left, index.right
+        elif isinstance(bound, cst.BinaryOperation) and isinstance(bound.operator, cst.Subtract):
+            bound, one = bound.left, bound.right
+        else:
+            continue
+        if not (isinstance(index, cst.Name) and isinstance(one, cst.Integer) and one.value == "1"):
+            continue
+        for loop in facts.loops:
+            node = loop.node
+            if not (isinstance(node, cst.For) and isinstance(node.target, cst.Name) and node.target.value == index.value):
+                continue
+            it = node.iter
+            if isinstance(it, cst.Call) and isinstance(it.func, cst.Name) and it.func.value == "range" and it.args:
+                if code(it.args[-1 if len(it.args) <= 2 else 1].value) == code(bound):
+                    return True
+    return False
 
 
 def _has_modulo(node: cst.CSTNode) -> bool:

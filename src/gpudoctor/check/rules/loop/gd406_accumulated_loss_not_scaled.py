@@ -5,7 +5,7 @@ from typing import Optional
 import libcst as cst
 
 from gpudoctor.check import apis
-from gpudoctor.check.facts import Binding, FileFacts, call_arg, name_key
+from gpudoctor.check.facts import Binding, FileFacts, FunctionFrame, LoopFrame, call_arg, name_key
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import accelerator_kwargs, snippet
 from gpudoctor.check.rule import Rule
@@ -83,8 +83,12 @@ class AccumulatedLossNotScaled(Rule):
                 ),
                 None,
             )
+            guard_text = None
             if step is None:
-                continue
+                step = self._step_after_micro_loop(facts, backward, loop)
+                if step is None:
+                    continue
+                guard_text = f"after the micro-batch loop `for ... in {snippet(facts, loop.iter)}`"
             loss = self._loss_expr(facts, backward)
             if loss is None or not self._plain_loss(facts, loss, backward, loop):
                 continue
@@ -97,15 +101,44 @@ class AccumulatedLossNotScaled(Rule):
                 if invariant
                 else "the effective learning rate (and any clipping threshold) is off by N"
             )
-            guard = accumulation_guard(facts, step, loop)
+            if guard_text is None:
+                guard_text = f"only when `{snippet(facts, accumulation_guard(facts, step, loop).test)}`"
             yield self.report(
                 backward.node,
                 f"`{snippet(facts, backward.node)}` accumulates gradients for `{snippet(facts, step.node)}`, which runs "
-                f"only when `{snippet(facts, guard.test)}`, but the loss is not divided by the number of accumulation "
+                f"{guard_text}, but the loss is not divided by the number of accumulation "
                 f"steps: the update uses the sum of the micro-batch gradients, N times the mean: {effect}.",
                 fix_hint="Divide the loss by the number of accumulation steps before backward(): `(loss / accum_steps).backward()`.",
                 related=((step.node, "the summed gradients are applied here"),),
             )
+
+    @staticmethod
+    def _step_after_micro_loop(facts: FileFacts, backward, loop):
+        """The optimizer step that follows a micro-batch loop ``for _ in range(grad_accum_steps)`` (its bound names
+        accumulation) whose body back-propagates and never steps: nanoGPT's layout, the step right after the loop in
+        the enclosing loop or function."""
+        node = loop.node
+        if not (isinstance(node, cst.For) and isinstance(node.iter, cst.Call) and isinstance(node.iter.func, cst.Name)):
+            return None
+        if node.iter.func.value != "range" or not node.iter.args:
+            return None
+        if not _ACCUM_WORD.search(facts.module.code_for_node(node.iter.args[-1 if len(node.iter.args) <= 2 else 1].value)):
+            return None
+        steps = [s for s in facts.method_calls("step") if is_optimizer_step(facts, s)]
+        if any(in_loop(s, loop) for s in steps):
+            return None
+        frames = list(backward.context)
+        index = next(i for i, f in enumerate(frames) if f is loop)
+        parent = next((f for f in reversed(frames[:index]) if isinstance(f, (LoopFrame, FunctionFrame))), None)
+        parent_loop = parent if isinstance(parent, LoopFrame) else None
+        return next(
+            (
+                s for s in steps
+                if s.order > loop.end_order and s.scope is backward.scope and innermost_loop(s) is parent_loop
+                and (parent_loop is None or in_loop(s, parent_loop))
+            ),
+            None,
+        )
 
     @staticmethod
     def _clipped(facts: FileFacts, loop) -> bool:

@@ -39,7 +39,9 @@ class ShardedEvalMetrics(Rule):
             if name_key(loader) is None:
                 continue
             scope = self._scope(facts, loop)
-            value = facts.value(loader, loop.order, scope)
+            # ``loader`` is read where it is written: the loop's own iterable, or the argument a call of the file
+            # passes for the parameter the loop iterates (``evaluate(model, test_loader)``).
+            value = facts.value(loader)
             looks_like_loader = value.kind == "dataloader" or bool(re.search(r"loader|dl\b|_dl|data", name_key(loader), re.I))
             sharded = value.has(TRAIT_PREPARED) and looks_like_loader
             if not sharded and value.kind == "dataloader" and isinstance(value.origin().node, cst.Call):
@@ -56,7 +58,9 @@ class ShardedEvalMetrics(Rule):
             )
             if not evaluating:
                 continue
-            metric = next((a for a in facts.aug_assigns if in_loop(a, loop)), None)
+            metric = next((a for a in facts.aug_assigns if in_loop(a, loop)), None) or next(
+                (c for c in inside if c.method in ("append", "extend") and self._local_list(facts, c)), None
+            )
             if metric is None:
                 continue
             yield self.report(
@@ -67,6 +71,19 @@ class ShardedEvalMetrics(Rule):
                 fix_hint="Gather predictions and labels (`accelerator.gather_for_metrics(...)`) or all_reduce the "
                 "counts before computing the metric.",
             )
+
+    @staticmethod
+    def _local_list(facts: FileFacts, site) -> bool:
+        """``preds.extend(...)`` on a list the function created (``preds, labels = [], []``): predictions collected
+        from this process's shard, for a metric computed afterwards."""
+        binding = facts.binding_at(name_key(site.receiver), site.order, site.scope) if name_key(site.receiver) else None
+        if binding is None or binding.scope is not site.scope or binding.kind not in ("assign", "unpack"):
+            return False
+        value = binding.value
+        if binding.kind == "unpack" and isinstance(value, cst.Tuple) and binding.index is not None:
+            elements = value.elements
+            value = elements[binding.index].value if binding.index < len(elements) else None
+        return isinstance(value, cst.List) and not value.elements
 
     @staticmethod
     def _scope(facts: FileFacts, loop):

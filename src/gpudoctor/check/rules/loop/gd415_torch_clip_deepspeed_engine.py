@@ -7,7 +7,7 @@ import libcst as cst
 from gpudoctor.check import apis
 from gpudoctor.check.facts import FileFacts, call_arg, name_key
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import _parameters_owner, snippet
+from gpudoctor.check.queries import parameters_owner, snippet
 from gpudoctor.check.rule import Rule
 
 _INITIALIZE = {"deepspeed.initialize"}
@@ -29,14 +29,16 @@ class TorchClipDeepspeedEngine(Rule):
         if not engines:
             return
         for site in facts.calls_to(*apis.TORCH_CLIP):
-            owner = _parameters_owner(site.arg(0, "parameters"))
+            owner = parameters_owner(facts, site.arg(0, "parameters"), site.order, site.scope)  # also `params = m.parameters()`
             key = name_key(owner) if owner is not None else None
             if key is None:
                 continue
             init = next((i for i, names in engines if i.order < site.order and key in names), None)
             binding = facts.binding_at(key, site.order, site.scope)
-            if init is None or (binding is not None and binding.kind == "param"):
-                continue  # no engine, or another object of the same name (a function's parameter)
+            if init is None:
+                continue
+            if binding is not None and binding.kind == "param" and binding is not facts.binding_at(key, init.order, init.scope):
+                continue  # another object of the same name (another function's parameter)
             yield self.report(
                 site.node,
                 f"`{snippet(facts, site.node)}` clips the parameters of a DeepSpeed engine, but DeepSpeed owns the "

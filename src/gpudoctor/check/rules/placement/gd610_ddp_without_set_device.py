@@ -38,24 +38,34 @@ class DdpWithoutSetDevice(Rule):
     triggers = ("DistributedDataParallel", "DDP", "_object")
 
     def check(self, facts: FileFacts):
-        if facts.calls_to(*_SET_DEVICE, *_PLACES_PER_RANK) or "CUDA_VISIBLE_DEVICES" in facts.source:
+        setters = facts.calls_to(*_SET_DEVICE, *_PLACES_PER_RANK)
+        if "CUDA_VISIBLE_DEVICES" in facts.source:
             return
         ranks = [h for h in facts.launch_hints if h != "DistributedDataParallel"]
         if not ranks:
             return  # nothing shows several processes
-        yield from self._object_collectives(facts)
+        if not setters:
+            yield from self._object_collectives(facts)
         for site in facts.calls_to(*apis.DISTRIBUTED_DATA_PARALLEL):
             module = site.arg(0, "module")
             move = self._indexless_move(facts, module, site.order, site.scope)
             if move is None:
                 continue
+            # A set_device counts unless every one runs later in the function that moved the model: `.cuda()` then
+            # `set_device(local_rank)` already put the replica on cuda:0.
+            if any(s.scope is not move.scope or s.order < move.order for s in setters):
+                continue
             ids = site.arg(1, "device_ids")
             if isinstance(ids, (cst.List, cst.Tuple)) and all(isinstance(e.value, cst.Integer) for e in ids.elements):
                 continue  # a fixed device: not the per-rank pattern
+            never = (
+                f"the script calls `{snippet(facts, setters[0].node, 40)}` only after that move"
+                if setters else "the script never calls `torch.cuda.set_device(local_rank)`"
+            )
             yield self.report(
                 site.node,
                 f"`{snippet(facts, module, 30)}` was put on the accelerator by `{snippet(facts, move.node, 40)}`, which "
-                "names no device index, and the script never calls `torch.cuda.set_device(local_rank)`: on every rank "
+                f"names no device index, and {never}: on every rank "
                 "the current device is `cuda:0`, so all replicas (and their activations) land on GPU 0, and NCCL stops "
                 "with \"Duplicate GPU detected : rank 1 and rank 0 both on CUDA device ...\" (or GPU 0 runs out of "
                 "memory).",
