@@ -45,7 +45,10 @@ def main(layers: int, ranks: int) -> dict:
             opt.step()
             opt.zero_grad(set_to_none=True)
         device = sim.summary()["devices"][0]
-    return {"peak_allocated": device["peak_allocated"], "breakdown": device["breakdown_at_peak"]}
+    phases = {name: {"peak_allocated": p["allocated"], "peak_reserved": p["reserved"], "breakdown": p.get("by_category") or {}}
+              for name, p in (device.get("phase_peaks") or {}).items()}
+    return {"peak_allocated": device["peak_allocated"], "peak_reserved": device["peak_reserved"],
+            "breakdown": device["breakdown_at_peak"], "phases": phases}
 
 
 if __name__ == "__main__":

@@ -86,6 +86,27 @@ def test_fsdp_shards_state_and_gathers_two_layers():
     assert ddp_peaks(one, 1)["peak_allocated"] == 1000 + (2 << 20)
 
 
+def test_fsdp_row_is_the_highest_of_its_sharded_phases():
+    mib = 1 << 20
+    one = {"peak_allocated": 1728 * mib, "peak_reserved": 1800 * mib, "breakdown": {},
+           "phases": {
+               # the optimizer step: weights 384, gradients 384, moments 768, AdamW's temporaries 192 (MiB)
+               "optimizer_step": {"peak_allocated": 1728 * mib, "peak_reserved": 1800 * mib, "breakdown": {
+                   "weights": 384 * mib, "gradients": 384 * mib, "optimizer_state": 768 * mib, "temporaries": 192 * mib}},
+               "backward": {"peak_allocated": 1600 * mib, "peak_reserved": 1700 * mib, "breakdown": {
+                   "weights": 384 * mib, "gradients": 256 * mib, "optimizer_state": 768 * mib,
+                   "activations": 64 * mib, "temporaries": 128 * mib}},
+           }}
+    card = fsdp_peaks(one, 2, layer_bytes=64 * mib, state_bytes=0)
+    step = (384 + 384 + 768) // 2 + 192 // 2  # all sharded, no layer gathered
+    backward = (384 + 256 + 768) // 2 + 64 + 128 + 2 * 64  # activations and their temporaries kept, two layers gathered
+    assert card["phases"]["optimizer_step"]["peak_allocated"] == step * mib
+    assert card["phases"]["backward"]["peak_allocated"] == backward * mib
+    assert card["peak_allocated"] == max(step, backward) * mib
+    assert card["peak_reserved"] >= card["peak_allocated"]
+    assert card["phases"]["backward"]["peak_reserved"] - card["phases"]["backward"]["peak_allocated"] == 100 * mib
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("key", ["lora", "qlora-4"])
 def test_pipeline_rows_are_the_engines_per_device_peaks(tmp_path, key):

@@ -22,17 +22,9 @@ def _probe(layers: int, ranks: int) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "plan's arithmetic, not the engine: the engine now follows FSDP2's storage (resize_ frees, DTensor state is "
-    "shard-sized; rank 0 of 2 grows 128 MiB per fp32 Linear(4096, 4096) as FSDP2 does) and the sharded run peaks "
-    "at 960.5 MiB in backward; the row says 1088 MiB (+13 %) because it keeps AdamW's parameter-sized step "
-    "temporaries at full size and adds the two gathered layers to the optimizer-step peak, where none is gathered. "
-    "A per-phase FSDP row (max of the sharded step and the backward with gathered layers) makes this pass: then "
-    "drop the xfail (measured 2026-12-02)."))
 def test_fsdp_row_agrees_with_a_sharded_simulation():
     layers, ranks = 6, 2
     one = _probe(layers, 1)
-    one = {"peak_allocated": one["peak_allocated"], "peak_reserved": one["peak_allocated"], "breakdown": one["breakdown"]}
     # weights, gradients and AdamW's two moments of every layer, as plan's FSDP row shards them
     row = fsdp_peaks(one, ranks, layer_bytes=LAYER, state_bytes=4 * LAYER * layers)
     sharded = _probe(layers, ranks)

@@ -277,16 +277,49 @@ def ddp_peaks(one: dict, trainable_bytes: int) -> dict:
     return {"peak_allocated": one["peak_allocated"] + bucket, "peak_reserved": one["peak_reserved"] + bucket, "breakdown": breakdown}
 
 
+# Phases in which FSDP / ZeRO-3 holds gathered (unsharded) layers: it gathers a layer's weights for its forward
+# and again for its backward, and frees them after; the optimizer step works on the shards only.
+_GATHERING_PHASES = ("forward", "eval", "backward")
+
+
 def fsdp_peaks(one: dict, n: int, layer_bytes: int, state_bytes: int) -> dict:
-    """One card of FSDP / ZeRO-3 from the 1-GPU peak: ``state_bytes`` (weights, gradients and AdamW's two
-    moments, all resident at the 1-GPU peak) sharded n ways, two full layers gathered."""
-    state = min(state_bytes, one["peak_allocated"])
+    """One card of FSDP / ZeRO-3 from the 1-GPU simulation, phase by phase when it has phases: weights,
+    gradients and optimizer state sharded n ways; the optimizer step's temporaries too (AdamW's per-parameter
+    arithmetic runs on the shards); two full layers gathered during forward and backward; activations and other
+    temporaries as on one GPU (each rank runs its own batch). The card's peak is the highest phase. Without
+    phases (an older result): ``state_bytes`` sharded at the 1-GPU peak, two gathered layers added."""
     gathered = _round_segment(2 * layer_bytes)
-    change = -state + -(-state // n) + gathered
-    breakdown = dict(one["breakdown"])
-    breakdown["sharded_state"] = -(-state // n)
-    breakdown["gathered_layers"] = gathered
-    return {"peak_allocated": one["peak_allocated"] + change, "peak_reserved": one["peak_reserved"] + change,
+    phases = one.get("phases") or {}
+    if not phases:
+        state = min(state_bytes, one["peak_allocated"])
+        change = -state + -(-state // n) + gathered
+        breakdown = dict(one["breakdown"])
+        breakdown["sharded_state"] = -(-state // n)
+        breakdown["gathered_layers"] = gathered
+        return {"peak_allocated": one["peak_allocated"] + change, "peak_reserved": one["peak_reserved"] + change,
+                "breakdown": breakdown}
+    cards = {name: _fsdp_phase(name, phase, n, gathered) for name, phase in phases.items()}
+    name = max(cards, key=lambda k: cards[k]["peak_allocated"])
+    out = dict(cards[name])
+    out["peak_reserved"] = max(card["peak_reserved"] for card in cards.values())
+    out["phases"] = cards
+    return out
+
+
+def _fsdp_phase(name: str, phase: dict, n: int, gathered: int) -> dict:
+    b = phase["breakdown"]
+    resident = b.get("weights", 0) + b.get("gradients", 0) + b.get("optimizer_state", 0)
+    temporaries = b.get("temporaries", 0)
+    kept_temporaries = -(-temporaries // n) if name == "optimizer_step" else temporaries
+    extra = gathered if name in _GATHERING_PHASES else 0
+    change = -resident + -(-resident // n) - temporaries + kept_temporaries + extra
+    breakdown = {c: v for c, v in b.items() if c not in ("weights", "gradients", "optimizer_state")}
+    breakdown["temporaries"] = kept_temporaries
+    breakdown["sharded_state"] = -(-resident // n)
+    breakdown["gathered_layers"] = extra
+    allocated = phase["peak_allocated"] + change
+    # the caching allocator's slack over what is allocated stays what it was in this phase on one GPU
+    return {"peak_allocated": allocated, "peak_reserved": max(phase["peak_reserved"] + change, allocated),
             "breakdown": breakdown}
 
 

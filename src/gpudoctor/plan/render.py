@@ -45,8 +45,9 @@ def footer_lines(plan) -> list[str]:
              "gpudoctor's engine; 'tight' = allocated fits, reserved does not (the allocator may recover by freeing its cache). "
              "time/sample: relative estimate from FLOPs and the cards' spec throughput (communication ignored). "
              "DDP/FSDP: each GPU runs its own batch." + (
-                 " FSDP 'estimate': not simulated sharded; the 1-GPU simulation with its weights, gradients and AdamW "
-                 "state divided by the number of GPUs, plus two gathered layers." if any(r.estimate for r in plan.rows) else ""),
+                 " FSDP 'estimate': not simulated sharded; the 1-GPU simulation, phase by phase, with its weights, "
+                 "gradients, AdamW state and step temporaries divided by the number of GPUs, plus two gathered layers "
+                 "in forward and backward." if any(r.estimate for r in plan.rows) else ""),
              "",
              "Recommendation: " + recommendation(plan)]
     if plan.recommended is not None:
