@@ -24,7 +24,8 @@ class SamplerWithoutSetEpoch(Rule):
     triggers = ("DistributedSampler",)
 
     def check(self, facts: FileFacts):
-        if "set_epoch" in facts.source or not self._has_epoch_loop(facts):
+        epoch_loop = None if "set_epoch" in facts.source else self._epoch_loop(facts)
+        if epoch_loop is None:
             return
         if facts.prepare_calls():
             return  # prepared loaders call set_epoch on their sampler themselves
@@ -41,6 +42,7 @@ class SamplerWithoutSetEpoch(Rule):
                 f"`{snippet(facts, site.node)}` shuffles with a seed derived from its epoch, and `set_epoch(epoch)` "
                 "is never called: every epoch sees the samples in the same order.",
                 fix_hint="Call `sampler.set_epoch(epoch)` at the start of every epoch (before iterating the loader).",
+                related=((_loop_head(epoch_loop), "each epoch starts here: call set_epoch(epoch) at its top"),),
             )
 
     def _may_train_unseeded(self, facts: FileFacts, site: CallSite) -> bool:
@@ -138,9 +140,9 @@ class SamplerWithoutSetEpoch(Rule):
         return out
 
     @staticmethod
-    def _has_epoch_loop(facts: FileFacts) -> bool:
-        """A loop whose head names epochs, or a loop around a loop over a DataLoader (directly or through a
-        call of the file's own function that has one)."""
+    def _epoch_loop(facts: FileFacts):
+        """The first loop whose head names epochs, or that runs a loop over a DataLoader (directly or through a
+        call of the file's own function that has one); None when there is none."""
         loader_loops = [
             loop for loop in facts.loops
             if isinstance(loop.node, cst.For) and facts.item_of(loop.iter, loop.order, loop.scope, ()).kind == "batch"
@@ -151,10 +153,15 @@ class SamplerWithoutSetEpoch(Rule):
             if isinstance(node, cst.For):
                 head = facts.module.code_for_node(node.target) + " " + facts.module.code_for_node(node.iter)
                 if "epoch" in head.lower():
-                    return True
+                    return node
             if any(inner is not loop and loop.order < inner.order < loop.end_order for inner in loader_loops):
-                return True
+                return node
             for site in facts.calls:
                 if loop.order < site.order < loop.end_order and any(id(s) in loader_functions for s in facts.callee_scopes(site)):
-                    return True
-        return False
+                    return node
+        return None
+
+
+def _loop_head(loop: cst.CSTNode) -> cst.CSTNode:
+    """What names a loop on its first line: a ``for`` loop's iterable, a ``while`` loop's test."""
+    return loop.iter if isinstance(loop, cst.For) else getattr(loop, "test", loop)
