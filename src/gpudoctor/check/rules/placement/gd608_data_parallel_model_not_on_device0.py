@@ -61,7 +61,6 @@ class DataParallelModelNotOnDevice0(Rule):
         keys.discard(None)
         moves = [c for c in facts.calls if c.method in apis.MODULE_MOVES and c.scope is site.scope
                  and (name_key(c.receiver) in keys or c.receiver is module)]
-        moves += self._moves_in_construction(facts, module, site.order, site.scope)
         # the latest move of the wrapped value wherever it happened (a helper that builds and moves it, a temporary)
         latest = facts.value(module, site.order, site.scope).trait(TRAIT_MOVED)
         moved = facts.call_site(latest) if isinstance(latest, cst.Call) else None
@@ -90,19 +89,6 @@ class DataParallelModelNotOnDevice0(Rule):
             severity=Severity.ERROR,
             related=((site.node, "wrapped here"),),
         )
-
-    @staticmethod
-    def _moves_in_construction(facts: FileFacts, module, order: int, scope) -> list:
-        """The move chained onto the expression the wrapped name was assigned from: ``net =
-        models.resnet50().to(device)`` (the last one in the chain: ``Net().cuda().to(device)``)."""
-        binding = facts.assignment_of(module, order, scope)
-        node = binding.value if binding is not None else None
-        while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
-            call = facts.call_site(node)
-            if call is not None and call.method in apis.MODULE_MOVES:
-                return [call]
-            node = node.func.value
-        return []
 
     def _device_index(self, facts: FileFacts, node, order: int, scope, depth: int = 0):
         """The literal GPU index of a device expression: ``"cuda:1"``, ``torch.device("cuda", 1)``, ``1``, a
