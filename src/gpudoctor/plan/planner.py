@@ -62,7 +62,8 @@ class Row:
 
     @property
     def estimate(self) -> bool:
-        """Arithmetic on another row's simulation that no sharded simulation checks yet (FSDP / ZeRO-3)."""
+        """Arithmetic on the 1-GPU row's simulation, not a sharded simulation of this model (FSDP / ZeRO-3; the
+        arithmetic itself is checked against FSDP2 on a layer stack in tests/plan/test_plan_fsdp.py)."""
         return self.placement == "FSDP" and not self.error
 
     @property

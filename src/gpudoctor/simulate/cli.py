@@ -51,7 +51,9 @@ def _unreported(merged: dict, ended_by_signal: int | None) -> dict:
                "the simulated devices (torch's engine loses it); hooks on tensors and modules are fine. Otherwise this is a "
                "gpudoctor bug: please report it with the script")
     elif ended_by_signal is not None:
-        why = f"the program was ended by signal {ended_by_signal} before the simulation reported"
+        from gpudoctor.trace.launch import signal_name
+
+        why = f"the program was ended by {signal_name(ended_by_signal)} before the simulation reported"
     else:
         why = (f"the program ended (exit status {merged.get('exit_code')}) without a simulated CUDA device being set up "
                "(it never used torch, or stopped before)")
@@ -109,7 +111,6 @@ def render_simulation(merged: dict, console=None) -> None:
         console.print(f"  [yellow]values are not real[/]: stand-ins used ({used}); losses and metrics printed by the script are placeholders")
     for note in sim.get("notes", []):
         console.print(f"  note: {note}")
-    v = sim.get("verdict") or {}
     if v.get("kind") == "fits":
         console.print(f"[bold green]fits[/] on {sim.get('spec')}: {_gib(v.get('left_bytes'))}iB left on the fullest card ({v.get('device')})"
                       + (f", stopped after {sim.get('optimizer_steps')} optimizer step(s)" if sim.get("stopped_after_steps") else ""))

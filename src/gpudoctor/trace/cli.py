@@ -132,13 +132,9 @@ def ending_notes(run) -> list[str]:
             notes.append(f"pid {record.get('pid')} exited via os._exit({exit_info.get('code')}): Python's exit handlers did not "
                          f"run; {what}")
     if run.signal is not None:
-        import signal
+        from gpudoctor.trace.launch import signal_name
 
-        try:
-            name = signal.Signals(run.signal).name
-        except ValueError:
-            name = f"signal {run.signal}"
-        notes.append(f"the program was ended by {name} (exit status {run.exit_code})")
+        notes.append(f"the program was ended by {signal_name(run.signal)} (exit status {run.exit_code})")
     if not run.reports and not notes:
         notes.append("no Python process of the program imported torch, so there was nothing to trace")
     return notes

@@ -33,6 +33,14 @@ class TracedRun:
     notes: list[dict] = field(default_factory=list)  # processes without a probe that ended in a way worth saying
 
 
+def signal_name(signum: int) -> str:
+    """``SIGABRT`` for 6; ``signal N`` for a number the platform does not name."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def child_env(report_dir: str, deep: bool, base: dict | None = None) -> dict:
     env = dict(os.environ if base is None else base)
     parts = [BOOT_DIR, PACKAGE_PARENT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
