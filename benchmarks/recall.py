@@ -24,7 +24,7 @@ GPU named in a comment) is written as ordinary comments in the code itself.
 Prints recall overall, per family (the ``Family:`` line of each file's header) and per code, the misses
 with file:line, and the false alarms.
 
-    python benchmarks/recall.py [--preview] [--json]
+    python benchmarks/recall.py [--preview] [--json] [--only PREFIX]
 
 ``--preview`` measures recall with preview rules on too. ``--json`` prints one JSON object instead.
 """
@@ -118,13 +118,20 @@ def defects(path: Path, source: str) -> list[Defect]:
     return found
 
 
+ONLY: tuple[str, ...] = ()  # file-name prefixes to measure (--only); empty: the whole corpus
+
+
+def selected(paths) -> list[Path]:
+    return [path for path in paths if not ONLY or path.name.startswith(ONLY)]
+
+
 def bug_scripts() -> list[Path]:
     top = [p for p in FIELD.glob("*.py") if not p.name.endswith(".fixed.py")]
-    return sorted(top) + sorted((FIELD / "seeds_as_posted").glob("*.py"))
+    return selected(sorted(top) + sorted((FIELD / "seeds_as_posted").glob("*.py")))
 
 
 def precision_scripts() -> list[Path]:
-    return sorted(FIELD.glob("*.fixed.py")) + sorted((FIELD / "clean").glob("*.py"))
+    return selected(sorted(FIELD.glob("*.fixed.py")) + sorted((FIELD / "clean").glob("*.py")))
 
 
 def run(path: Path, source: str, preview: bool):
@@ -279,7 +286,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preview", action="store_true", help="measure recall with preview rules on")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--only", action="append", default=[], metavar="PREFIX",
+                        help="measure only files whose name starts with PREFIX (repeatable), e.g. a red team's new set")
     args = parser.parse_args(argv)
+    global ONLY
+    ONLY = tuple(args.only)
     data = report(args.preview)
     assert "torch" not in sys.modules, "check must not import torch"
     if args.json:
