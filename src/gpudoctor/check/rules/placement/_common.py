@@ -602,6 +602,15 @@ def on_accelerator(facts: FileFacts, node: Optional[cst.CSTNode], order: int, sc
     comparisons, names and parameters (every call of the file passes one); None when not shown."""
     if node is None or depth > 20:
         return None
+    q = facts.qualname(node.func) if isinstance(node, cst.Call) else None
+    if q in CREATION:  # ``torch.tensor(obs, device=device)``
+        target = call_arg(node, keyword="device")
+        return node if target is not None and accelerator_device(facts, target, order, scope, depth + 1) else None
+    if q in _JOINING:  # ``torch.cat(batch.state)``: where the joined tensors are
+        return _all_on_accelerator(facts, facts.items_of(call_arg(node, 0, "tensors"), order, scope), depth)
+    if isinstance(node, cst.IfExp):  # ``None if terminated else torch.tensor(obs, device=device)``
+        branches = [b for b in (node.body, node.orelse) if not _is_none(b)]
+        return _all_on_accelerator(facts, [(b, order, scope) for b in branches], depth)
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
         method = node.func.attr.value
         if method in ("cuda", "xpu", "npu", "mps") and facts.qualname(node.func) is None:
@@ -631,7 +640,45 @@ def on_accelerator(facts: FileFacts, node: Optional[cst.CSTNode], order: int, sc
     if binding is not None and binding.kind == "unpack" and isinstance(binding.value, cst.Call) and binding.path \
             and _own_function_call(facts, binding.value):
         return _returned_on_accelerator(facts, binding.value, binding.path, depth)  # ``x, y = get_batch(data, i)``
+    if binding is not None and binding.kind == "for" and binding.value is not None:
+        return _item_on_accelerator(facts, binding, depth)  # ``[s for s in batch.next_state if s is not None]``
     return facts.through_name(lambda *source: on_accelerator(facts, *source, depth + 1), node, order, scope)
+
+
+# torch functions that join tensors: the result is on the device of the tensors joined.
+_JOINING = {"torch.cat", "torch.concat", "torch.concatenate", "torch.stack", "torch.hstack", "torch.vstack", "torch.dstack"}
+
+
+def _is_none(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.Name) and node.value == "None"
+
+
+def _all_on_accelerator(facts: FileFacts, sources: Optional[list], depth: int) -> Optional[cst.CSTNode]:
+    """The call that puts the first of ``sources`` (expression, order, scope) on an accelerator, when every one
+    that is not ``None`` is shown on one (tensors joined, a sequence's items, the branches of a conditional)."""
+    found = None
+    for node, order, scope in sources or ():
+        if _is_none(node):
+            continue
+        placed = on_accelerator(facts, node, order, scope, depth + 1)
+        if placed is None:
+            return None
+        found = found or placed
+    return found
+
+
+def _item_on_accelerator(facts: FileFacts, binding, depth: int) -> Optional[cst.CSTNode]:
+    """A ``for`` target (a comprehension's too) is on an accelerator when every item of what it iterates is (the
+    part at its unpacking path of each stored record)."""
+    items = facts.items_of(binding.value, binding.order, binding.scope)
+    if items is None or len(binding.path) > 1:
+        return None
+    if binding.path:
+        parts = [facts.record_field(node, binding.path[0], order, scope) for node, order, scope in items]
+        if any(part is None for part in parts):
+            return None
+        items = [source for part in parts for source in part]
+    return _all_on_accelerator(facts, items, depth)
 
 
 def only_called_in_callee(facts: FileFacts, call, key: str) -> bool:
