@@ -738,3 +738,34 @@ def test_items_of_a_container_handed_to_an_unknown_call_are_not_known():
         """
     )
     assert _items_at_call(facts, "use") == ["t1"]
+
+
+def test_argument_for_a_parameter_skips_self_but_not_for_a_staticmethod():
+    facts = facts_of(
+        """
+        class Helper:
+            def method(self, a, b, *, c=None):
+                pass
+
+            @staticmethod
+            def static(a, b):
+                pass
+
+        h = Helper()
+        h.method(x1, y1, c=z1)
+        h.static(x2, y2)
+        h.method(*xs, y3)
+        """
+    )
+    functions = {f.name: f for f in facts.functions}
+    code = facts.module.code_for_node
+
+    def passed(function: str, call_index: int) -> list:
+        function = functions[function]
+        site = facts.call_sites_of(function)[call_index]
+        params = [*function.node.params.params, *function.node.params.kwonly_params]
+        return [(p.name.value, code(a) if (a := facts.argument_for(site, function, p)) is not None else None) for p in params]
+
+    assert passed("method", 0) == [("self", None), ("a", "x1"), ("b", "y1"), ("c", "z1")]
+    assert passed("static", 0) == [("a", "x2"), ("b", "y2")]
+    assert passed("method", 1) == [("self", None), ("a", None), ("b", None), ("c", None)]  # ``*xs`` hides positions

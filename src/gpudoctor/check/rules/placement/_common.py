@@ -519,17 +519,11 @@ def cpu_computed(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scop
                 reduced = method in _REDUCTIONS and not node.args
                 return found[0], found[1] and not reduced
             return None
-        if _own_function_call(facts, node):
+        if _own_function_call(facts, node):  # every return on the CPU (its parameters as this call passes them)
             site = facts.call_site(node)
-            found = None
-            for callee in facts.callee_scopes(site):
-                context = FollowedCall(site, callee)
-                for ret in facts.returns.get(id(callee), ()):
-                    result = cpu_computed(facts, ret.value, ret.order, ret.scope, depth + 1, context)
-                    if result is None:
-                        return None  # one return that may be elsewhere: not proven
-                    found = found or result
-            return found
+            return facts.every_return(
+                site, lambda value, at, within, callee: cpu_computed(facts, value, at, within, depth + 1, FollowedCall(site, callee))
+            )
         return None
     if isinstance(node, cst.BinaryOperation):
         sides = [cpu_computed(facts, side, order, scope, depth + 1, passed) for side in (node.left, node.right)]
@@ -691,17 +685,12 @@ def only_called_in_callee(facts: FileFacts, call, key: str) -> bool:
     for function in callees:
         if not isinstance(function.node, cst.FunctionDef):
             return False
-        params = [*function.node.params.posonly_params, *function.node.params.params]
-        if function.parent is not None and function.parent.kind == "class" and params:
-            params = params[1:]  # self
-        names = set()
-        for position, arg in enumerate(call.node.args):
-            if name_key(arg.value) != key or arg.star:
-                continue
-            if arg.keyword is not None:
-                names.add(arg.keyword.value)
-            elif position < len(params):
-                names.add(params[position].name.value)
+        parameters = function.node.params
+        names = {
+            param.name.value
+            for param in (*parameters.posonly_params, *parameters.params, *parameters.kwonly_params)
+            if name_key(facts.argument_for(call, function, param)) == key
+        }
         if not names:
             return False
         up = parents(facts, function.node)
@@ -718,21 +707,9 @@ def only_called_in_callee(facts: FileFacts, call, key: str) -> bool:
 def _returned_on_accelerator(facts: FileFacts, call: cst.Call, path: tuple[int, ...], depth: int) -> Optional[cst.CSTNode]:
     """What the file's own helper returns (the element at ``path`` of a returned tuple) is on an accelerator on
     every ``return`` of it; None when one return is not shown to be, or a return's shape does not fit ``path``."""
-    site = facts.call_site(call)
-    returns = [ret for callee in facts.callee_scopes(site) for ret in facts.returns.get(id(callee), ())]
-    found = None
-    for ret in returns:
-        if ret.kind != "return" or ret.value is None:
-            return None
-        value = ret.value
-        for index in path:
-            if not isinstance(value, cst.Tuple) or index >= len(value.elements) or value.elements[index].value is None:
-                return None
-            value = value.elements[index].value
-        found = on_accelerator(facts, value, ret.order, ret.scope, depth + 1)
-        if found is None:
-            return None
-    return found
+    return facts.every_return(
+        facts.call_site(call), lambda value, order, scope, _callee: on_accelerator(facts, value, order, scope, depth + 1), path
+    )
 
 
 def accelerator_device(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0) -> bool:
