@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Optional, Union
 
 import libcst as cst
 
-from gpudoctor.check.facts.nodes import call_arg, dotted, name_key, string_value
+from gpudoctor.check.facts.nodes import call_arg, name_key, string_value
 
 if TYPE_CHECKING:
     from gpudoctor.check.facts.records import Scope
@@ -92,7 +92,7 @@ class ContainerItems:
                 return None
             if any(a.keyword is not None and a.keyword.value == name for a in item.args):
                 return [(call_arg(item, keyword=name), order, scope)]
-            return self._positional(item, names.index(name), order, scope, depth)
+            return self._positional(item, names.index(name), order, scope)
         key = name_key(item)
         if key is None:
             return None
@@ -137,7 +137,7 @@ class ContainerItems:
 
     def _class_fields(self, class_scope: "Scope") -> Optional[list[str]]:
         node = class_scope.node
-        bases = {(self.qualname(b.value) or dotted(b.value) or "") for b in node.bases}
+        bases = {self.qualname(b.value) for b in node.bases}
         decorators = {(self.qualname(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator) or "")
                       for d in node.decorators}
         if not (bases & {"typing.NamedTuple"} or decorators & {"dataclasses.dataclass"}):
@@ -165,7 +165,7 @@ class ContainerItems:
             current = current.parent
         return order
 
-    def _positional(self, call: cst.Call, index: int, order: int, scope: "Scope", depth: int) -> Optional[list[Source]]:
+    def _positional(self, call: cst.Call, index: int, order: int, scope: "Scope") -> Optional[list[Source]]:
         """The argument a record call passes at ``index``; through ``Record(*args)`` inside a function whose
         ``*args`` each call of the file fills."""
         position = 0
@@ -266,13 +266,8 @@ class ContainerItems:
         binding = self.binding_at(key, order, scope) if key is not None else None
         if binding is None:
             return None
-        if binding.kind == "unpack" and binding.value is not None and binding.path == () and binding.index is not None:
-            rows = self._zipped_rows(binding.value)  # ``states, actions, rewards = zip(*batch)``
-            if rows is None:
-                return None
-            return self._fields_of_rows(rows, binding.index, binding.order, binding.scope, depth)
         if binding.kind == "unpack" and binding.value is not None and len(binding.path) == 1:
-            rows = self._zipped_rows(binding.value)
+            rows = self._zipped_rows(binding.value)  # ``states, actions, rewards = zip(*batch)``
             if rows is None:
                 return None
             return self._fields_of_rows(rows, binding.path[0], binding.order, binding.scope, depth)
