@@ -100,6 +100,9 @@ def _gathers_across_processes(facts: FileFacts) -> bool:
     for site in facts.calls:
         if site.qualname == "functools.reduce":
             continue
+        indexing = site.arg(1, "index") is not None and not (site.qualname or "").startswith("torch.distributed.")
+        if (site.method == "gather" or site.qualname == "torch.gather") and indexing:
+            continue  # ``logits.gather(1, index)``: indexing this process's tensor (a process gather takes one tensor)
         func = site.node.func
         spelled = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
         resolved = (site.qualname or "").rpartition(".")[2]
