@@ -3,54 +3,42 @@ use_orig_params=False and FSDP2's fully_shard swap the module's Parameter object
 the wrap holds tensors that never get a gradient and never change; FSDP1 with use_orig_params=True keeps the
 objects (not flagged). Run in a subprocess: the process group must not leak into other tests."""
 
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from gpudoctor.check.engine import check_source
 from gpudoctor.check.registry import rule_by_code
+from gloo_probe import run_on_one_gloo_rank
 
 pytest.importorskip("torch")
 
-_PROBE = textwrap.dedent(
-    """
-    import os, socket
-    import torch, torch.distributed as dist, torch.nn as nn
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, fully_shard
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
-    dist.init_process_group("gloo")
-    for kind in ("fsdp1", "fsdp1_orig_params", "fsdp2"):
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-        held = list(model.parameters())
-        before = [p.detach().clone() for p in held]
-        if kind == "fsdp1":
-            wrapped = FSDP(model, device_id=torch.device("cpu"))
-        elif kind == "fsdp1_orig_params":
-            wrapped = FSDP(model, device_id=torch.device("cpu"), use_orig_params=True)
-        else:
-            fully_shard(model)
-            wrapped = model
-        wrapped(torch.randn(8, 4)).pow(2).mean().backward()
-        optimizer.step()
-        changed = any(not torch.equal(b, p.detach()) for b, p in zip(before, held))
-        print(kind, changed)
-    dist.destroy_process_group()
-    """
-)
+_PROBE = """
+import torch, torch.nn as nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, fully_shard
+
+for kind in ("fsdp1", "fsdp1_orig_params", "fsdp2"):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    held = list(model.parameters())
+    before = [p.detach().clone() for p in held]
+    if kind == "fsdp1":
+        wrapped = FSDP(model, device_id=torch.device("cpu"))
+    elif kind == "fsdp1_orig_params":
+        wrapped = FSDP(model, device_id=torch.device("cpu"), use_orig_params=True)
+    else:
+        fully_shard(model)
+        wrapped = model
+    wrapped(torch.randn(8, 4)).pow(2).mean().backward()
+    optimizer.step()
+    print(kind, any(not torch.equal(b, p.detach()) for b, p in zip(before, held)))
+"""
 
 
 @pytest.mark.slow  # a subprocess that imports torch and starts a process group (~25 s)
 def test_optimizer_built_before_the_fsdp_wrap_updates_nothing():
-    done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    changed = dict(line.split() for line in done.stdout.splitlines() if line.strip())
+    changed = dict(line.split() for line in run_on_one_gloo_rank(_PROBE))
     assert changed == {"fsdp1": "False", "fsdp1_orig_params": "True", "fsdp2": "False"}
 
 
