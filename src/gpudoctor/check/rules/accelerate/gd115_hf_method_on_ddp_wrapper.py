@@ -6,7 +6,7 @@ from typing import Optional
 import libcst as cst
 
 from gpudoctor.check import apis
-from gpudoctor.check.facts import TRAIT_PREPARED, CallSite, FileFacts, name_key
+from gpudoctor.check.facts import TRAIT_PREPARED, CallSite, FileFacts, name_key, string_value
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
@@ -100,8 +100,12 @@ def _unwrapped(facts: FileFacts, node, order: int, scope, depth: int = 0) -> boo
         return False
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
         return node.func.attr.value in ("unwrap_model", "extract_model_from_parallel")
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "getattr":
+        return len(node.args) > 1 and string_value(node.args[1].value) == "module"  # getattr(model, "module", model)
     if isinstance(node, cst.Attribute) and node.attr.value == "module":
         return True
+    if isinstance(node, cst.IfExp):  # ``model.module if hasattr(model, "module") else model``
+        return any(_unwrapped(facts, branch, order, scope, depth + 1) for branch in (node.body, node.orelse))
     key = name_key(node)
     binding = facts.binding_at(key, order, scope) if key is not None else None
     if binding is None:
