@@ -52,8 +52,11 @@ class CollectiveUnderRankGuard(Rule):
                 continue
             callers = facts.call_sites_of(site.scope)
             guards = [_rank_guard(facts, caller.context) for caller in callers]
-            if callers and all(g is not None for g in guards):
-                yield self._report(facts, site, callers[0].node, guards[0], severity, helper=site)
+            if not callers or any(g is None for g in guards):
+                continue
+            if len({(id(g.node), g.branch) for g in guards}) > 1:
+                continue  # called under opposite tests (accelerate's ``_goes_first``): every process gets there
+            yield self._report(facts, site, callers[0].node, guards[0], severity, helper=site)
 
     def _report(self, facts: FileFacts, site: CallSite, node, guard: IfFrame, severity, helper: Optional[CallSite] = None):
         test = snippet(facts, guard.test, 60)
