@@ -36,6 +36,11 @@ CANONICAL = {
     "peft.mapping_func.get_peft_model": "peft.get_peft_model",
     "peft.utils.other.prepare_model_for_kbit_training": "peft.prepare_model_for_kbit_training",
     "transformers.data.data_collator.DataCollatorForLanguageModeling": "transformers.DataCollatorForLanguageModeling",
+    "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel": "torch.distributed.fsdp.FullyShardedDataParallel",
+    "torch.distributed._composable.fsdp.fully_shard": "torch.distributed.fsdp.fully_shard",
+    "torch.distributed._composable.fsdp.fully_shard.fully_shard": "torch.distributed.fsdp.fully_shard",
+    "torch.distributed.fsdp._fully_shard.fully_shard": "torch.distributed.fsdp.fully_shard",
+    "torch.distributed.fsdp._fully_shard._fully_shard.fully_shard": "torch.distributed.fsdp.fully_shard",
 }
 
 ACCELERATOR = {"accelerate.Accelerator"}
@@ -47,6 +52,10 @@ PEFT_LOADERS = {"peft.PeftModel.from_pretrained", "peft.PeftModelForCausalLM.fro
 PASSTHROUGH = {"peft.prepare_model_for_kbit_training"}
 DATA_PARALLEL = {"torch.nn.DataParallel"}
 DISTRIBUTED_DATA_PARALLEL = {"torch.nn.parallel.DistributedDataParallel"}
+# FSDP wrappers that swap the module's nn.Parameter objects for sharded ones (FSDP1 FlatParameter unless
+# use_orig_params=True; FSDP2 DTensor parameters): an optimizer built before them holds orphaned tensors.
+FSDP_WRAP = {"torch.distributed.fsdp.FullyShardedDataParallel"}
+FSDP2_SHARD = {"torch.distributed.fsdp.fully_shard"}
 TORCH_CLIP = {"torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_"}
 DATALOADER = {"torch.utils.data.DataLoader"}
 GRAD_SCALER = {"torch.amp.GradScaler"}

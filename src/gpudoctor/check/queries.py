@@ -235,20 +235,48 @@ def checkpoint_name(facts: FileFacts, call: cst.Call, order: int, scope: Scope) 
 
 
 def string_through(facts: FileFacts, node: Optional[cst.BaseExpression], order: int, scope: Scope, depth: int = 4) -> Optional[str]:
-    """The string ``node`` holds, followed through bindings, parameter defaults and option defaults."""
+    """The string ``node`` holds, followed through bindings, parameter defaults (else the argument the first call
+    passes), option defaults and string-keyed entries of the file's dicts (``cfg["device"]`` with
+    ``CONFIG = {"device": "cuda"}`` handed in as ``cfg``)."""
     text = string_value(node)
     if text is not None or node is None or depth <= 0:
         return text
+    if isinstance(node, cst.Subscript):
+        entry = _dict_entry(facts, node, order, scope, depth)
+        return string_through(facts, entry.value, entry.order, entry.scope, depth - 1) if entry is not None else None
     key = name_key(node)
     if key is not None and (isinstance(node, cst.Name) or key.startswith("self.")):
         binding = facts.binding_at(key, order, scope)
         if binding is not None and binding.kind in ("assign", "param") and binding.value is not None:
             return string_through(facts, binding.value, binding.order, binding.scope, depth - 1)
+        if binding is not None and binding.kind == "param":
+            passed = facts.param_argument(binding)
+            return string_through(facts, *passed, depth - 1) if passed is not None else None
         if binding is not None or isinstance(node, cst.Name):
             return None
     if isinstance(node, cst.Attribute):
         return option_defaults(facts).get(node.attr.value)
     return None
+
+
+def _dict_entry(facts: FileFacts, subscript: cst.Subscript, order: int, scope: Scope, depth: int):
+    """The live entry ``d["key"]`` reads from a dict the file builds; ``d`` may be a parameter without a default
+    (followed to the argument the first call passes)."""
+    if len(subscript.slice) != 1 or not isinstance(subscript.slice[0].slice, cst.Index):
+        return None
+    wanted = string_value(subscript.slice[0].slice.value)
+    container: Optional[cst.BaseExpression] = subscript.value
+    for _ in range(depth):
+        key = name_key(container)
+        binding = facts.binding_at(key, order, scope) if key is not None else None
+        if binding is None or binding.kind != "param" or binding.value is not None:
+            break
+        passed = facts.param_argument(binding)
+        if passed is None:
+            return None
+        container, order, scope = passed
+    contents = facts.dict_contents(container, order, scope) if wanted is not None else None
+    return contents.entries.get(wanted) if contents is not None else None
 
 
 def option_defaults(facts: FileFacts) -> dict[str, str]:

@@ -231,6 +231,9 @@ class ExpressionValues:
             if binding is not None and binding.kind == "param":  # what the caller passes
                 passed = self.param_argument(binding)
                 return self.built_by(*passed, depth + 1) if passed is not None else None
+            if binding is not None and binding.kind == "unpack" and binding.value is not None:
+                element = self._unpacked_element(binding, depth)
+                return self.built_by(*element, depth + 1) if element is not None else None
             if binding is None or binding.kind != "assign" or binding.value is None:
                 return None
             return self.built_by(binding.value, binding.order, binding.scope, depth + 1)
@@ -244,6 +247,30 @@ class ExpressionValues:
                     if found is not None:
                         return found
         return node
+
+    def _unpacked_element(self, binding: "Binding", depth: int = 0):
+        """(expression, order, scope) a tuple unpacking binds to ``binding``: the element of a tuple display
+        (``a, b = x, y``), or of the tuple display a helper of the file returns (``model, opt, sched =
+        build_everything(args)`` ... ``return model, opt, sched``)."""
+        if binding.index is None or len(binding.path) > 1 or depth > 8:
+            return None
+        value = binding.value
+        if isinstance(value, (cst.Tuple, cst.List)):
+            elements = value.elements
+            if binding.index < len(elements) and not any(isinstance(e, cst.StarredElement) for e in elements):
+                return elements[binding.index].value, binding.order, binding.scope
+            return None
+        site = self._call_by_node.get(id(value)) if isinstance(value, cst.Call) else None
+        if site is None or site.qualname is not None:
+            return None
+        for callee in self.callee_scopes(site):
+            for ret in self.returns.get(id(callee), ()):
+                if ret.kind != "return" or not isinstance(ret.value, (cst.Tuple, cst.List)):
+                    continue
+                elements = ret.value.elements
+                if binding.index < len(elements) and not any(isinstance(e, cst.StarredElement) for e in elements):
+                    return elements[binding.index].value, ret.order, ret.scope
+        return None
 
     # ------------------------------------------------------------------ evaluation of expressions
 

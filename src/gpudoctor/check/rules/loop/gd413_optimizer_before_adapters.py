@@ -126,6 +126,13 @@ class OptimizerBeforeAdapters(Rule):
                     return site.node, f"`{snippet(facts, site.node)}` adds new adapter weights and freezes the base", site.order
             if site.method in _REPLACING_METHODS and name_key(site.receiver) == model_key:
                 return site.node, f"`{snippet(facts, site.node)}` replaces parameters", site.order
+            if _shards_parameters(facts, site) and name_key(site.arg(0, "module")) == model_key:
+                return (
+                    site.node,
+                    f"`{snippet(facts, site.node)}` replaces the module's parameters with sharded ones (the optimizer's "
+                    "old Parameter objects get no gradient)",
+                    site.order,
+                )
         # model.head = nn.Linear(...) / model.fc.weight = nn.Parameter(...), also through a temporary
         for assign in facts.attribute_assigns:
             if assign.order <= after or assign.scope is not scope or _root(assign.target) != model_key:
@@ -137,6 +144,18 @@ class OptimizerBeforeAdapters(Rule):
                 text = facts.module.code_for_node(assign.target)
                 return assign.value, f"`{text} = {snippet(facts, assign.value, 40)}` replaces parameters", assign.order
         return None
+
+
+def _shards_parameters(facts: FileFacts, site) -> bool:
+    """FSDP wrapping that swaps the module's Parameter objects: ``FullyShardedDataParallel(m)`` with the default
+    ``use_orig_params=False`` (FlatParameter) and FSDP2's ``fully_shard(m)`` (DTensor parameters). With
+    ``use_orig_params=True`` FSDP1 keeps the original objects (torch 2.13, verified)."""
+    if site.qualname in apis.FSDP2_SHARD:
+        return True
+    if site.qualname in apis.FSDP_WRAP:
+        keep = site.arg(keyword="use_orig_params")
+        return keep is None or (isinstance(keep, cst.Name) and keep.value == "False")
+    return False
 
 
 def _model_key_in(facts: FileFacts, owner: cst.BaseExpression, site, holder) -> Optional[str]:
