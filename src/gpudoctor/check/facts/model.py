@@ -56,7 +56,7 @@ from gpudoctor.check.facts.values import (
 _LAUNCH_HINT = re.compile(
     r"accelerate\s+launch|torchrun|torch\.distributed\.(run|launch)|nproc_per_node|(?<![.\w])num_processes|"
     r"LOCAL_RANK|WORLD_SIZE|init_process_group|DistributedDataParallel|notebook_launcher|"
-    r"deepspeed\s+\S+\.py"
+    r"deepspeed(?:\s+-{1,2}\w[\w-]*(?:[= ][^\s-]\S*)?){0,12}\s+[\w./-]+\.py"
 )
 # A negation ending just before a launch hint (``don't use torchrun``, ``不要用 torchrun``, ``instead of
 # accelerate launch``): the comment names the launcher to say it is not used. Only the few words before the
