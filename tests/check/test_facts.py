@@ -446,6 +446,24 @@ def test_dict_contents_of_what_the_file_does_not_build() -> None:
     assert facts.dict_contents(first.node.args[1].value, first.order, first.scope) is None
 
 
+def test_dict_contents_of_a_star_kwargs_parameter_called_once() -> None:
+    facts = facts_of(
+        """
+        from transformers import AutoModelForCausalLM as M
+        def load(path, dtype=None, **kw):
+            return M.from_pretrained(path, **kw)
+        extra = {"low_cpu_mem_usage": True, "dtype": "x"}
+        load("m", dtype="auto", load_in_8bit=True, **extra)
+        def twice(**kw):
+            return M.from_pretrained("m", **kw)
+        twice(device_map="auto")
+        twice(device_map="cpu")
+        """
+    )
+    # the one call fills ``kw`` (named parameters excluded); two calls fill it differently: unknown
+    assert _live_keys(facts) == [["load_in_8bit=True", "low_cpu_mem_usage=True"], []]
+
+
 def test_keyword_argument_skips_a_deleted_entry() -> None:
     facts = facts_of(
         """

@@ -166,6 +166,12 @@ def is_causal_lm_class(name: str) -> bool:
     return name.endswith("ForCausalLM") or name in {"AutoModelForCausalLM", "AutoPeftModelForCausalLM"} | _CAUSAL_LM_HEADS
 
 
+# Remote-code checkpoints (``trust_remote_code=True``) whose bare ``AutoModel`` is a decoder-only LM: ChatGLM-6B,
+# ChatGLM2/3 and GLM-4 map ``auto_map["AutoModel"]`` to ``modeling_chatglm.ChatGLMForConditionalGeneration``, whose
+# forward shifts ``labels`` against its own input ids (a causal loss) despite the class name.
+REMOTE_CAUSAL_LM_CHECKPOINT = re.compile(r"chatglm|glm-?4", re.IGNORECASE)
+
+
 def is_seq2seq_class(name: str) -> bool:
     return "Seq2Seq" in name or name.endswith("ForConditionalGeneration")
 

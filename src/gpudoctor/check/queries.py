@@ -366,10 +366,21 @@ def language_model_kind(facts: FileFacts) -> Optional[str]:
     uses only encoder-decoder classes; "mixed" for both; None when it shows neither."""
     names = model_class_names(facts)
     causal = any(apis.is_causal_lm_class(n) or n.endswith("ForCausalLMWithValueHead") for n in names)
+    causal = causal or _loads_remote_causal_lm(facts)
     seq2seq = any(apis.is_seq2seq_class(n) or n in _SEQ2SEQ_EXTRA for n in names)
     if causal and seq2seq:
         return "mixed"
     return "causal" if causal else "seq2seq" if seq2seq else None
+
+
+def _loads_remote_causal_lm(facts: FileFacts) -> bool:
+    """``AutoModel.from_pretrained("THUDM/chatglm3-6b", trust_remote_code=True)``: a bare ``AutoModel`` whose
+    checkpoint's remote code is a causal LM (``apis.REMOTE_CAUSAL_LM_CHECKPOINT``)."""
+    for site in facts.calls_to("transformers.AutoModel.from_pretrained"):
+        name = checkpoint_name(facts, site.node, site.order, site.scope)
+        if name is not None and apis.REMOTE_CAUSAL_LM_CHECKPOINT.search(name):
+            return True
+    return False
 
 
 def with_kwarg(call: cst.Call, keyword: str, value: cst.BaseExpression) -> cst.Call:

@@ -36,7 +36,7 @@ class DictEntry:
     order: int  # when the entry was put in the dict
     scope: "Scope"
     context: tuple  # the frames around the statement that put it there
-    how: str  # "display" | "store" | "update" | "setdefault"
+    how: str  # "display" | "store" | "update" | "setdefault" | "passed" (a keyword a call gives a ``**kw`` parameter)
 
 
 @dataclass(eq=False, repr=False)
@@ -74,6 +74,8 @@ class DictContentsQueries:
             if key is None:
                 break
             binding = self.binding_at(key, at, where)
+            if binding is not None and binding.kind == "param":
+                return self._star_kwargs_passed(binding)
             if binding is None or binding.kind != "assign" or binding.value is None:
                 return None
             bindings.append(binding)
@@ -84,6 +86,31 @@ class DictContentsQueries:
         for event in sorted(self._dict_mutations(bindings, order), key=lambda e: e[0]):
             _apply(entries, event)
         return DictContents(entries, tuple(bindings))
+
+    def _star_kwargs_passed(self, binding: "Binding") -> Optional[DictContents]:
+        """``def load(path, **kw): return AutoModel.from_pretrained(path, **kw)`` called once by the file,
+        ``load(p, load_in_8bit=True)``: ``kw`` holds the keywords that call passes beyond the named parameters
+        (also those of a ``**dict`` it passes). None for any other parameter, or a function called more than once
+        (each call fills it differently) or not at all."""
+        function = binding.scope.node
+        if not isinstance(function, cst.FunctionDef) or function.params.star_kwarg is not binding.target:
+            return None
+        calls = self.call_sites_of(binding.scope)
+        if len(calls) != 1:
+            return None
+        site = calls[0]
+        named = {p.name.value for p in (*function.params.posonly_params, *function.params.params, *function.params.kwonly_params)}
+        entries: dict[str, DictEntry] = {}
+        for arg in site.node.args:
+            if arg.star == "**":
+                passed = self.dict_contents(arg.value, site.order, site.scope)
+                if passed is None:
+                    return None  # an unknown dict: what ``kw`` holds is not known
+                entries.update((k, e) for k, e in passed.entries.items() if k not in named)
+            elif arg.keyword is not None and arg.keyword.value not in named:
+                key = arg.keyword.value
+                entries[key] = DictEntry(key, arg.value, arg, site.order, site.scope, site.context, "passed")
+        return DictContents(entries, ())
 
     def kwargs_contents(self, call: cst.Call, order: int, scope: "Scope") -> Iterator[DictContents]:
         """The contents of each ``**dict`` argument of ``call`` the file builds, in argument order."""

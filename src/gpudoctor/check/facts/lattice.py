@@ -214,8 +214,13 @@ class ExpressionValues:
                     for b in bindings:
                         if b.kind == "assign" and isinstance(b.value, (cst.Name, cst.Call)):
                             origin = self.value(b.value, b.order, b.scope).origin().node
-                            if origin is not None:
-                                index.setdefault(id(origin), []).append(b)
+                        elif b.kind == "unpack" and isinstance(b.value, cst.Call):
+                            # ``model, optimizer = load_pretrain(...)``: one element of what the helper returns
+                            origin = self._value_of_binding(b).origin().node
+                        else:
+                            continue
+                        if origin is not None:
+                            index.setdefault(id(origin), []).append(b)
             self.__dict__["_bindings_built_by"] = index
         return index.get(id(call), [])
 

@@ -57,8 +57,17 @@ from gpudoctor.check.facts.values import (
 _LAUNCH_HINT = re.compile(
     r"accelerate\s+launch|torchrun|torch\.distributed\.(run|launch)|nproc_per_node|(?<![.\w])num_processes|"
     r"LOCAL_RANK|WORLD_SIZE|init_process_group|DistributedDataParallel|notebook_launcher|"
-    r"deepspeed\s+\S+\.py"
+    r"deepspeed(?:\s+-{1,2}\w[\w-]*(?:[= ][^\s-]\S*)?){0,12}\s+[\w./-]+\.py"
 )
+# A negation ending just before a launch hint (``don't use torchrun``, ``不要用 torchrun``, ``instead of
+# accelerate launch``): the comment names the launcher to say it is not used. Only the few words before the
+# hint on its line count (``_NEGATION_REACH`` characters), so "no GPU; run with torchrun" still is a hint.
+_NEGATED_LAUNCHER = re.compile(
+    r"(\b(do ?n[o']t|do not|never|not|no need (to|for)|without|instead of|rather than|avoid)\b|"
+    r"不要|不用|别|勿|无需|不需要|不能|而不是|而非)[^\n,;.，；。]{0,12}$",
+    re.IGNORECASE,
+)
+_NEGATION_REACH = 24
 # The process count a launch line states: ``--num_processes=1``, ``--nproc_per_node 1``, ``num_processes=1``.
 _STATED_COUNT = re.compile(r"""(num_processes|nproc[_-]per[_-]node|num_gpus)["']?\s*[=:\s]\s*["']?(\d+)\b""")
 # A test on the number of processes: ``PartialState().num_processes > 1``, ``world_size != 1``.
@@ -246,7 +255,10 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
     def launch_hints(self) -> list[str]:
         """Evidence, from code or comments, that the file runs as several processes."""
         if self._launch_hints is None:
-            hints = sorted({m.group(0) for m in _LAUNCH_HINT.finditer(self.source) if not self._one_process_launch(m)})
+            hints = sorted({
+                m.group(0) for m in _LAUNCH_HINT.finditer(self.source)
+                if not self._one_process_launch(m) and not self._launcher_ruled_out(m)
+            })
             # ``if PartialState().num_processes > 1: raise SystemExit(...)``: the file refuses to run as
             # several processes, whatever its comments say about launchers.
             self._launch_hints = [] if hints and self._refuses_multi_process() else hints
@@ -258,6 +270,13 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
         end = self.source.find("\n", match.start())
         count = _STATED_COUNT.search(self.source, match.start(), len(self.source) if end < 0 else end)
         return count is not None and count.group(2) == "1"
+
+    def _launcher_ruled_out(self, match: re.Match) -> bool:
+        """The words just before the hint, on its own line, rule the launcher out: ``# python train.py (don't use
+        torchrun)``, ``# 单进程，不要用 torchrun``, ``# instead of accelerate launch``."""
+        line_start = self.source.rfind("\n", 0, match.start()) + 1
+        before = self.source[max(line_start, match.start() - _NEGATION_REACH):match.start()]
+        return _NEGATED_LAUNCHER.search(before) is not None
 
     def _refuses_multi_process(self) -> bool:
         for statement in self.module.body:

@@ -16,6 +16,8 @@ _KEEP_IDS_METHODS = {
     "flatten", "squeeze", "clone", "copy", "detach", "tolist", "to", "long", "contiguous", "cpu", "cuda",
     "view", "reshape", "numpy", "int",
 }
+# ``BatchEncoding`` methods that return the encoding itself.
+_ENCODING_MOVES = {"to"}
 _KEEP_IDS_FUNCS = {"torch.tensor", "torch.LongTensor", "torch.as_tensor", "numpy.array", "numpy.asarray"}
 _KEEP_IDS_BUILTINS = {"list", "tuple"}
 
@@ -106,6 +108,10 @@ def encoding_source(facts: FileFacts, node: cst.BaseExpression, order: int, scop
     call = tokenizer_call(facts, node)
     if call is not None:
         return call
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _ENCODING_MOVES:
+        # ``tokenizer(prompt, return_tensors="pt").to(device)``: ``BatchEncoding.to`` moves the tensors and returns
+        # the same encoding.
+        return encoding_source(facts, node.func.value, order, scope, depth + 1)
     if isinstance(node, cst.DictComp):
         # ``{k: v.to(device) for k, v in batch.items()}``: the same encoding, every tensor moved.
         mapped = _mapped_encoding(facts, node)
