@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+from typing import Optional
+
 from gpudoctor.check.facts import (
     TRAIT_PEFT,
     TRAIT_PREPARED,
     TRAIT_QUANTIZED,
     FileFacts,
+    IfFrame,
     Value,
     call_arg,
     is_true,
+    name_key,
 )
 from gpudoctor.check import versions
 from gpudoctor.check.finding import Severity
@@ -26,6 +30,23 @@ _CUDA_MESSAGE = (
     "ValueError: Calling `cuda()` is not supported for `8-bit` quantized models.  Please use the model as it is, "
     "since the model has already been set to the correct devices."
 )
+
+
+def _value_if_rebinding_skipped(facts: FileFacts, site) -> tuple[Optional[IfFrame], Optional[Value]]:
+    """When the receiver's latest assignment sits in an ``if`` (without ``else``) that does not enclose the call:
+    (that ``if``, the receiver's value from the assignment before it), else (None, None)."""
+    key = name_key(site.receiver)
+    binding = facts.binding_at(key, site.order, site.scope) if key is not None else None
+    if binding is None or binding.kind != "assign":
+        return None, None
+    enclosing = {id(frame.node) for frame in site.context if isinstance(frame, IfFrame)}
+    branches = [f for f in binding.context if isinstance(f, IfFrame) and id(f.node) not in enclosing]
+    if not branches or any(f.node.orelse is not None for f in branches):
+        return None, None
+    before = facts.binding_at(key, binding.order, binding.scope)
+    if before is None or before.kind != "assign" or before.value is None:
+        return None, None
+    return branches[0], facts.value(before.value, before.order, before.scope)
 
 
 def _quantized_load(value: Value):
@@ -71,6 +92,12 @@ class CastQuantizedModel(Rule):
             if value.kind != "model":
                 continue
             load = _quantized_load(value)
+            skipped_if = None
+            if load is None:
+                # ``if checkpoint: model = PeftModel.from_pretrained(model, ...)`` then ``model.half()``: when the
+                # ``if`` is not taken the receiver is still the bare quantized model.
+                skipped_if, before = _value_if_rebinding_skipped(facts, site)
+                load = _quantized_load(before) if before is not None else None
             if load is None:
                 continue
             if facts.on_another_path(value, site.context):
@@ -92,12 +119,17 @@ class CastQuantizedModel(Rule):
                 else:
                     message = _CAST_MESSAGE
             kind = f"{bits}-bit" if bits else "bitsandbytes"
+            path = ""
+            if skipped_if is not None:
+                path = f" when `if {snippet(facts, skipped_if.test, 50)}:` is not taken (the wrapper it binds is skipped)"
             yield self.report(
                 site.node,
-                f"`{snippet(facts, site.node)}` on {'an' if kind.startswith('8') else 'a'} {kind} model loaded by `{snippet(facts, load)}` raises \"{message}\"",
+                f"`{snippet(facts, site.node)}` on {'an' if kind.startswith('8') else 'a'} {kind} model loaded by `{snippet(facts, load)}` raises \"{message}\"{path}",
                 fix_hint="Use the quantized model as loaded: choose the compute dtype at load time "
-                "(`dtype=...`, `bnb_4bit_compute_dtype=...`) and the placement with `device_map=`.",
-                severity=Severity.ERROR,
+                "(`dtype=...`, `bnb_4bit_compute_dtype=...`) and the placement with `device_map=`; cast only a model "
+                "that was not quantized.",
+                # On one path only: fails in a configuration the file does not show on every run.
+                severity=Severity.ERROR if skipped_if is None else Severity.WARNING,
                 related=((load, "the model is loaded quantized here"),),
             )
 
