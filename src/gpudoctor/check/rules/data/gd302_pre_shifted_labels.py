@@ -73,7 +73,8 @@ class PreShiftedLabels(Rule):
             labels = site.arg(keyword="labels")
             if labels is None or not self._is_model_call(facts, site):
                 continue
-            yield labels, site.arg(keyword="input_ids"), f"`{snippet(facts, site.node.func)}(...)`"
+            # ``model(x[:, :-1], labels=x[:, 1:])``: a causal LM's first positional parameter is input_ids
+            yield labels, site.arg(0, "input_ids"), f"`{snippet(facts, site.node.func)}(...)`"
         # Batches built by hand ({"input_ids": ..., "labels": ...}): only when nothing in the file computes
         # its own loss (a custom loss over logits is where shifting by hand is right).
         if computes_own_loss(facts):
