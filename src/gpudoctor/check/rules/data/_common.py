@@ -106,6 +106,9 @@ def encoding_source(facts: FileFacts, node: cst.BaseExpression, order: int, scop
     call = tokenizer_call(facts, node)
     if call is not None:
         return call
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in ("to", "cuda"):
+        # ``tokenizer(text, return_tensors="pt").to(device)``: BatchEncoding.to moves and returns the same encoding
+        return encoding_source(facts, node.func.value, order, scope, depth + 1)
     if isinstance(node, cst.DictComp):
         # ``{k: v.to(device) for k, v in batch.items()}``: the same encoding, every tensor moved.
         mapped = _mapped_encoding(facts, node)

@@ -83,6 +83,11 @@ class ArgmaxAsGeneration(Rule):
         if not _last_dim(dim):
             return None
         logits = peel(facts, logits) if logits is not None else None
+        if isinstance(logits, cst.Name):
+            # ``logits = model(**enc).logits`` ... ``logits.argmax(-1)``: through the name (one assignment back)
+            binding = facts.assignment_of(logits, site.order, site.scope)
+            if binding is not None and binding.kind == "assign" and binding.value is not None:
+                logits = peel(facts, binding.value)
         if not (isinstance(logits, cst.Attribute) and logits.attr.value == "logits"):
             return None
         forward = self._forward(facts, logits.value, site.order, site.scope)
