@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import libcst as cst
+
 from gpudoctor.check.facts import (
     TRAIT_PEFT,
     TRAIT_PREPARED,
@@ -10,9 +12,11 @@ from gpudoctor.check.facts import (
     IfFrame,
     Value,
     call_arg,
+    dotted,
     is_true,
     name_key,
 )
+from gpudoctor.check.facts.nodes import walk
 from gpudoctor.check import versions
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
@@ -47,6 +51,32 @@ def _value_if_rebinding_skipped(facts: FileFacts, site) -> tuple[Optional[IfFram
     if before is None or before.kind != "assign" or before.value is None:
         return None, None
     return branches[0], facts.value(before.value, before.order, before.scope)
+
+
+def _tested_chains(test: cst.BaseExpression) -> set[str]:
+    """The names and attribute chains a test reads, longest only (``args.bits``, not ``args``)."""
+    found = {dotted(node) for node in walk(test) if isinstance(node, (cst.Name, cst.Attribute))} - {None, "", "None", "True", "False"}
+    return {c for c in found if not any(other.startswith(c + ".") for other in found)}
+
+
+def _quantization_tests(facts: FileFacts, load: cst.Call) -> set[str]:
+    """What decides whether ``load`` quantizes: the tests of the ``if``s around its kwargs entries
+    (``if args.quantization_bit is not None: kwargs["quantization_config"] = ...``) and of a conditional
+    ``quantization_config=... if cond else None`` (directly or through one name)."""
+    order, scope = facts._position_of(load)
+    chains: set[str] = set()
+    for contents in facts.kwargs_contents(load, order, scope):
+        for entry in contents.entries.values():
+            for frame in entry.context:
+                if isinstance(frame, IfFrame):
+                    chains |= _tested_chains(frame.test)
+    config = facts.keyword_argument(load, "quantization_config", order, scope)
+    if isinstance(config, cst.Name):
+        binding = facts.binding_at(config.value, order, scope)
+        config = binding.value if binding is not None else None
+    if isinstance(config, cst.IfExp):
+        chains |= _tested_chains(config.test)
+    return chains
 
 
 def _quantized_load(value: Value):
@@ -98,6 +128,8 @@ class CastQuantizedModel(Rule):
                 # ``if`` is not taken the receiver is still the bare quantized model.
                 skipped_if, before = _value_if_rebinding_skipped(facts, site)
                 load = _quantized_load(before) if before is not None else None
+                if load is not None and _tested_chains(skipped_if.test) & _quantization_tests(facts, load):
+                    load = None  # the ``if`` tests what decided the quantization: skipping it may mean unquantized
             if load is None:
                 continue
             if facts.on_another_path(value, site.context):
