@@ -90,7 +90,11 @@ class PreShiftedLabels(Rule):
                     yield site.value, _sibling_input_ids(facts, site), "the model in the batch (`model(**batch)`/Trainer)"
         # A Dataset/generator item returned as a pair cut by hand: ``return tokens[:-1], targets[1:]`` (or names
         # bound to them, through ``torch.tensor(...)``): the "tokens < n predict n" shift done before the model.
-        for labels, inputs in _returned_shift_pairs(facts):
+        # Only where labels reach an HF loss: a model call given ``labels=`` or a Trainer.
+        hf_loss = facts.trainer_calls() or any(
+            site.arg(keyword="labels") is not None and self._is_model_call(facts, site) for site in facts.calls
+        )
+        for labels, inputs in (_returned_shift_pairs(facts) if hf_loss else ()):
             yield labels, inputs, "the model with each returned item (DataLoader batches -> `model(..., labels=...)`)"
 
     @staticmethod
