@@ -42,6 +42,8 @@ class AddedTokensWithoutResize(Rule):
                 continue
             model_id, from_default, (family, vocab, existing) = checkpoint
             added = [(key, token) for key, token in added if token not in existing]
+            if any(key == "pad_token" for key, _ in added) and _pad_replaced_after(facts, site):
+                added = [(key, token) for key, token in added if key != "pad_token"]
             if not added:
                 continue
             if all(key == "pad_token" for key, _ in added) and not _PADS.search(facts.source):
@@ -103,6 +105,17 @@ class AddedTokensWithoutResize(Rule):
             if re.search(pattern, model_id):
                 return model_id, from_default, (family, vocab, existing)
         return None
+
+
+def _pad_replaced_after(facts: FileFacts, site) -> bool:
+    """``tokenizer.pad_token = tokenizer.eos_token`` after the call: the added token is no longer the one padding
+    uses (it stays in the vocabulary, unused)."""
+    receiver = name_key(site.receiver)
+    return any(
+        assign.order > site.order and assign.target.attr.value in ("pad_token", "pad_token_id")
+        and name_key(assign.target.value) == receiver
+        for assign in facts.attribute_assigns
+    )
 
 
 def _literals(node: Optional[cst.BaseExpression]) -> list[str]:
