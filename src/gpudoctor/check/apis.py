@@ -61,6 +61,20 @@ DATALOADER = {"torch.utils.data.DataLoader"}
 GRAD_SCALER = {"torch.amp.GradScaler"}
 NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
 LM_COLLATOR = {"transformers.DataCollatorForLanguageModeling"}
+
+# Hub checkpoints whose tokenizer fills the embedding matrix exactly (``len(tokenizer) == config.vocab_size``): a token
+# added to the tokenizer gets id ``vocab_size``, one past the last embedding row, until
+# ``model.resize_token_embeddings(len(tokenizer))``. (pattern over the model id, family, vocab size, the special tokens
+# the vocabulary already holds.) Vocab sizes: the checkpoints' config.json (``simulate/configs/gpt2.json``,
+# ``Llama-2-7b-hf.json``, ``Mistral-7B-v0.1.json``); their tokenizers have exactly that many entries. Families whose
+# embeddings are padded past the tokenizer (OPT 50272 > 50265, Pythia, Qwen2, Phi-2, T5) are left out: a few added
+# tokens still fit there.
+FULL_VOCAB_CHECKPOINTS: tuple[tuple[str, str, int, frozenset], ...] = (
+    (r"^(openai-community/)?(distil)?gpt2(-medium|-large|-xl)?$", "GPT-2", 50257, frozenset({"<|endoftext|>"})),
+    (r"^(EleutherAI/)?gpt-neo-(125m|125M|1\.3B|2\.7B)$", "GPT-Neo", 50257, frozenset({"<|endoftext|>"})),
+    (r"(^|/)(Llama-2-\d+b(-chat)?-hf|llama-\d+b(-hf)?)$", "Llama 2 / LLaMA", 32000, frozenset({"<unk>", "<s>", "</s>"})),
+    (r"^mistralai/Mistral-7B-(Instruct-)?v0\.[12]$", "Mistral-7B v0.1/v0.2", 32000, frozenset({"<unk>", "<s>", "</s>"})),
+)
 BNB_CONFIG = "transformers.BitsAndBytesConfig"
 # trl's value-head wrappers (trl <= 0.2x; moved to trl.experimental.ppo in Dec 2025, gone from trl 1.16): their
 # ``from_pretrained`` passes its keyword arguments on to transformers' ``from_pretrained``.

@@ -10,7 +10,7 @@ import libcst as cst
 from gpudoctor import hardware
 from gpudoctor.check import apis
 from gpudoctor.check.facts import (
-    TRAIT_PREPARED, CallSite, FileFacts, IfFrame, LoopFrame, Scope, Value, call_arg, int_value, name_key, string_value,
+    TRAIT_PREPARED, CallSite, FileFacts, IfFrame, LoopFrame, Scope, Value, call_arg, dotted, int_value, name_key, string_value,
 )
 from gpudoctor.check.finding import Severity
 
@@ -125,10 +125,10 @@ def trained_models(facts: FileFacts) -> Iterator[tuple[cst.BaseExpression, CallS
     ``Trainer(model=m)``, ``accelerator.prepare(..., m, ...)`` with an optimizer, an optimizer over
     ``m.parameters()``, ``get_peft_model(m, ...)`` (LoRA training).
     """
-    for site in facts.calls_to(*apis.TRAINERS):
+    for site in facts.trainer_calls():
         model = site.arg(0, "model")
         if model is not None:
-            yield model, site, f"`{site.qualname.split('.')[-1]}(model=...)`"
+            yield model, site, f"`{(site.qualname or dotted(site.node.func) or 'Trainer').split('.')[-1]}(model=...)`"
     for site in facts.calls:
         if site.qualname and apis.is_optimizer(site.qualname):
             params = site.arg(0, "params")
@@ -342,7 +342,8 @@ def params_from_name(name: Optional[str]) -> Optional[float]:
 
 # -- which kind of language model a file trains (GD3xx) ---------------------------------------
 
-_SEQ2SEQ_EXTRA = {"EncoderDecoderModel", "Seq2SeqTrainer", "Seq2SeqTrainingArguments"}
+_SEQ2SEQ_TOOLS = {"Seq2SeqTrainer", "Seq2SeqTrainingArguments"}  # trainer classes, not models
+_SEQ2SEQ_EXTRA = {"EncoderDecoderModel"} | _SEQ2SEQ_TOOLS
 
 
 def model_class_names(facts: FileFacts) -> set[str]:
@@ -367,10 +368,14 @@ def language_model_kind(facts: FileFacts) -> Optional[str]:
     names = model_class_names(facts)
     causal = any(apis.is_causal_lm_class(n) or n.endswith("ForCausalLMWithValueHead") for n in names)
     causal = causal or _loads_remote_causal_lm(facts)
-    seq2seq = any(apis.is_seq2seq_class(n) or n in _SEQ2SEQ_EXTRA for n in names)
-    if causal and seq2seq:
+    seq2seq_model = any((apis.is_seq2seq_class(n) or n == "EncoderDecoderModel") and n not in _SEQ2SEQ_TOOLS for n in names)
+    if causal and seq2seq_model:
         return "mixed"
-    return "causal" if causal else "seq2seq" if seq2seq else None
+    if causal:
+        # ``Seq2SeqTrainer`` / ``Seq2SeqTrainingArguments`` around a causal LM (transformers#12259: distilgpt2 under
+        # Seq2SeqTrainer) still train a causal LM: the trainer class does not change what the model's loss does.
+        return "causal"
+    return "seq2seq" if seq2seq_model or any(n in _SEQ2SEQ_TOOLS for n in names) else None
 
 
 def _loads_remote_causal_lm(facts: FileFacts) -> bool:

@@ -82,7 +82,7 @@ class DictContentsQueries:
             expr, at, where = binding.value, binding.order, binding.scope
         entries = self._display_entries(expr, at, where)
         if entries is None:
-            return None
+            return self._returned_dict(expr, bindings)
         for event in sorted(self._dict_mutations(bindings, order), key=lambda e: e[0]):
             _apply(entries, event)
         return DictContents(entries, tuple(bindings))
@@ -111,6 +111,26 @@ class DictContentsQueries:
                 key = arg.keyword.value
                 entries[key] = DictEntry(key, arg.value, arg, site.order, site.scope, site.context, "passed")
         return DictContents(entries, ())
+
+    def _returned_dict(self, expr, bindings: list["Binding"]) -> Optional[DictContents]:
+        """``**self.loading_kwargs()``: the dict the file's own function returns, when every ``return`` of it gives
+        a dict the file builds; the entries of all of them (a key one branch returns counts, as a store in a
+        branch does)."""
+        site = self._call_by_node.get(id(expr)) if isinstance(expr, cst.Call) else None
+        if site is None or site.qualname is not None:
+            return None
+        callees = self.callee_scopes(site)
+        if len(callees) != 1:
+            return None
+        returns = [r for r in self.returns.get(id(callees[0]), ()) if r.kind == "return"]
+        entries: dict[str, DictEntry] = {}
+        for ret in returns:
+            contents = self.dict_contents(ret.value, ret.order, ret.scope) if ret.value is not None else None
+            if contents is None:
+                return None
+            for key, entry in contents.entries.items():
+                entries.setdefault(key, entry)
+        return DictContents(entries, tuple(bindings)) if returns else None
 
     def kwargs_contents(self, call: cst.Call, order: int, scope: "Scope") -> Iterator[DictContents]:
         """The contents of each ``**dict`` argument of ``call`` the file builds, in argument order."""

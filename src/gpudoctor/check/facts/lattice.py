@@ -165,6 +165,11 @@ class ExpressionValues:
             made = binding.value if binding is not None and binding.kind == "assign" else None
             if isinstance(made, cst.Call) and isinstance(made.func, cst.Name) and made.func.value in self.classes:
                 return [s for s in self._functions_by_name.get(func.attr.value, ()) if s.class_name == made.func.value]
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call) and isinstance(func.value.func, cst.Name):
+            # ``ModelBuilder(cfg).build()``: a method of an instance of the file's class made in place
+            made = func.value.func.value
+            if made in self.classes:
+                return [s for s in self._functions_by_name.get(func.attr.value, ()) if s.class_name == made]
         return []
 
     def every_return(self, site: "CallSite", read: Callable[..., Any], path: tuple[int, ...] = ()) -> Any:

@@ -198,6 +198,36 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
         out.sort(key=lambda c: c.order)
         return out
 
+    def trainer_base(self, class_name: str, depth: int = 0) -> Optional[str]:
+        """The qualified name of the transformers/trl trainer the file's class ``class_name`` derives from (through
+        the file's own classes: ``class BunnyTrainer(transformers.Trainer)``), else None."""
+        scope = self.classes.get(class_name)
+        if scope is None or depth > 5 or not isinstance(scope.node, cst.ClassDef):
+            return None
+        for base in scope.node.bases:
+            q = self.qualname(base.value) or ""
+            if q in apis.TRAINERS:
+                return q
+            if isinstance(base.value, cst.Name) and base.value.value in self.classes and base.value.value != class_name:
+                found = self.trainer_base(base.value.value, depth + 1)
+                if found is not None:
+                    return found
+        return None
+
+    def trainer_calls(self) -> list[CallSite]:
+        """Constructions of a transformers/trl trainer: the library classes and the file's subclasses of them
+        (``CustomTrainer(model=..., args=...)`` passes its arguments on to ``Trainer.__init__``)."""
+        found = self.__dict__.get("_trainer_calls")
+        if found is None:
+            found = list(self.calls_to(*apis.TRAINERS))
+            for site in self.calls:
+                func = site.node.func
+                if site.qualname is None and isinstance(func, cst.Name) and self.trainer_base(func.value) is not None:
+                    found.append(site)
+            found.sort(key=lambda c: c.order)
+            self.__dict__["_trainer_calls"] = found
+        return found
+
     def method_calls(self, *methods: str) -> Iterator[CallSite]:
         by_method = self.__dict__.get("_calls_by_method")
         if by_method is None:  # once per file (calls are in flow order, each list stays so)

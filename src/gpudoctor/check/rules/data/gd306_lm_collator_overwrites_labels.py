@@ -76,7 +76,7 @@ def _masks(facts: FileFacts, value: cst.BaseExpression, order: int, scope, depth
     """The value masks a prefix itself, through the names it was built in, or by ``labels[:n] = -100``."""
     if depth > 4:
         return False
-    if _MASKED.search(code(facts, value)) or _builds_mask(facts, value, order, scope):
+    if _MASKED.search(code(facts, value)) or _builds_mask(facts, value, order, scope) or _masks_by_position(facts, value, order, scope):
         return True
     key = name_key(value)
     if key is None:
@@ -97,6 +97,20 @@ def _masks(facts: FileFacts, value: cst.BaseExpression, order: int, scope, depth
         )
         for s in facts.subscript_assigns
     )
+
+
+def _masks_by_position(facts: FileFacts, value: cst.BaseExpression, order: int, scope) -> bool:
+    """``[t if i >= prompt_len else -100 for i, t in enumerate(ids)]``: a comprehension that puts the ignore index
+    on the positions its test picks, when the test is not about padding (``if m`` over an attention mask, a pad id:
+    the collator masks padding the same way)."""
+    if not isinstance(value, (cst.ListComp, cst.GeneratorExp)) or not isinstance(value.elt, cst.IfExp):
+        return False
+    choice = value.elt
+    if not (_is_ignore(facts, choice.body, order, scope) or _is_ignore(facts, choice.orelse, order, scope)):
+        return False
+    # what the test reads: its own names and what the comprehension iterates (``zip(ids, enc["attention_mask"])``)
+    tested = code(facts, choice.test) + " " + code(facts, value.for_in.iter)
+    return not re.search(r"mask|pad", tested, re.IGNORECASE)
 
 
 def _prefix_slice(target: cst.Subscript) -> bool:

@@ -8,7 +8,6 @@ from typing import Iterable, Optional
 
 import libcst as cst
 
-from gpudoctor.check import apis
 from gpudoctor.check.facts import CallSite, FileFacts, FunctionFrame, IfFrame, LoopFrame, Scope, name_key
 
 _OPTIMIZER_NAME = re.compile(r"(^|[._])(opt|optim|optimizer|optimiser)s?(_\w+)?$|optimizer", re.IGNORECASE)
@@ -224,7 +223,7 @@ def calling_loops(facts: FileFacts, scope: Scope, depth: int = 3) -> list[tuple[
 
 
 def trainer_in_file(facts: FileFacts) -> bool:
-    return bool(facts.calls_to(*apis.TRAINERS))
+    return bool(facts.trainer_calls())
 
 
 def first(iterable: Iterable):
