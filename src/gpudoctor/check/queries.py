@@ -205,17 +205,20 @@ def _appended_parameters_owner(facts: FileFacts, binding, order: int) -> Optiona
     for site in facts.method_calls("append"):
         if site.scope is not binding.scope or not binding.order < site.order < order:
             continue
-        receivers = [site.receiver.body, site.receiver.orelse] if isinstance(site.receiver, cst.IfExp) else [site.receiver]
+        receiver = facts.through_temporary(site.receiver)  # ``bucket = (a if c else key); bucket.append(p)``
+        receivers = [receiver.body, receiver.orelse] if isinstance(receiver, cst.IfExp) else [receiver]
         if binding.key not in {name_key(r) for r in receivers}:
             continue
         item = site.arg(0)
-        loop = next((f for f in reversed(site.context) if isinstance(f, LoopFrame) and isinstance(f.node, cst.For)), None)
-        if loop is None or not isinstance(item, cst.Name):
+        loop = next((f for f in reversed(site.context) if isinstance(f, LoopFrame)), None)
+        iterated = facts.iterated(loop) if loop is not None else None
+        if iterated is None or not isinstance(item, cst.Name):
             return None
-        target = loop.node.target
-        names = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
-        owner = _parameters_owner(loop.iter)
-        if owner is None or not any(isinstance(n, cst.Name) and n.value == item.value for n in names):
+        # ``p`` is bound by this loop (``for n, p in ...``, ``for i, (n, p) in enumerate(...)``, ``n, p = next(it)``)
+        # over the module's parameters, through ``enumerate``/``tqdm``/``iter``/the file's generators
+        item_binding = facts.binding_at(item.value, site.order, site.scope)
+        owner = _parameters_owner(iterated[0])
+        if owner is None or item_binding is None or item_binding.kind not in ("for", "unpack") or item_binding.order < loop.order:
             return None
         owners.append(owner)
     return owners[0] if owners and len({name_key(o) for o in owners}) == 1 else None

@@ -613,6 +613,13 @@ class ExpressionValues:
         followed to what they iterate (their parameter's argument)."""
         if isinstance(loop.node, cst.For):
             return self.source_of(loop.iter, loop.order, loop.scope), loop.iter
+        pulled = self._next_in(loop)
+        if pulled is not None:
+            return self.source_of(pulled.value.args[0].value, pulled.order, pulled.scope), pulled.value
+        return None
+
+    def _next_in(self, loop) -> Optional["Binding"]:
+        """The binding of a ``while`` loop's items by ``next(it)`` (``batch = next(it)``), if any."""
         for bindings in (loop.scope.bindings.values() if loop.scope is not None else ()):
             for binding in bindings:
                 value = binding.value
@@ -620,7 +627,7 @@ class ExpressionValues:
                     loop.order < binding.order < loop.end_order
                     and isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "next" and value.args
                 ):
-                    return self.source_of(value.args[0].value, binding.order, binding.scope), value
+                    return binding
         return None
 
     def source_of(self, iterable: cst.BaseExpression, order: int, scope: "Scope", depth: int = 0) -> cst.BaseExpression:
@@ -653,9 +660,12 @@ class ExpressionValues:
                     for yielded in self.yields.get(id(callee), ()):
                         if yielded.kind == "yield from" and yielded.value is not None:
                             return self.source_of(yielded.value, yielded.order, yielded.scope, depth + 1)
-                        loop = next((f for f in reversed(self._loops_around(yielded)) if f.iter is not None), None)
-                        if loop is not None:
-                            return self.source_of(loop.iter, loop.order, loop.scope, depth + 1)
+                        for loop in reversed(self._loops_around(yielded)):
+                            if loop.iter is not None:
+                                return self.source_of(loop.iter, loop.order, loop.scope, depth + 1)
+                            pulled = self._next_in(loop)  # ``it = iter(dl)`` ... ``while True: yield next(it)``
+                            if pulled is not None:
+                                return self.source_of(pulled.value.args[0].value, pulled.order, pulled.scope, depth + 1)
         return iterable
 
     def _loops_around(self, site) -> list:

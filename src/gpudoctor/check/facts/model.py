@@ -122,6 +122,7 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
         self._instance_cache: dict[tuple[str, bool], Optional[apis.InstanceProfile]] = {}
         self._functions_by_name: Optional[dict[str, list[Scope]]] = None
         self._module_classes: Optional[set[str]] = None
+        self._temporaries: dict[int, Binding] = {}  # id(the one load of a single-use temporary) -> its binding
 
     # ---------------------------------------------------------------- questions for rules
 
@@ -373,6 +374,14 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
             if a.order < order and (a.scope is scope or a.scope is self.module_scope) and dotted(a.target) == path
         ]
         return max(stores, key=lambda a: a.order) if stores else None
+
+    def through_temporary(self, node: Optional[cst.CSTNode]) -> Optional[cst.CSTNode]:
+        """The expression a single-use temporary stands for (``tmp = model.to(device)`` ... ``tmp.eval()``:
+        ``model.to(device)``, as if written ``model.to(device).eval()``), through chains of them; any other
+        node as it is."""
+        while node is not None and id(node) in self._temporaries:
+            node = self._temporaries[id(node)].value
+        return node
 
     def assignment_of(self, node: Optional[cst.CSTNode], order: int, scope: Scope) -> Optional[Binding]:
         """The plain ``name = value`` (or ``self.x = value``) that ``node`` refers to at ``order``; None for

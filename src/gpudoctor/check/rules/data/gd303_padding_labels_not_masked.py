@@ -135,7 +135,8 @@ def _pads_with_eos(facts: FileFacts) -> bool:
     the decoder-only (causal LM) families; read when the file names no model class (a preprocessing script)."""
     for site in facts.attribute_assigns:
         attr = site.target.attr.value
-        value = site.value
+        assigned = facts.assignment_of(site.value, site.order, site.scope)  # ``eos = tokenizer.eos_token`` first
+        value = assigned.value if assigned is not None else site.value
         if attr in ("pad_token", "pad_token_id") and isinstance(value, cst.Attribute) and value.attr.value in (
             "eos_token", "eos_token_id"
         ):

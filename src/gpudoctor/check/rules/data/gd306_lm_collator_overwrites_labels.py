@@ -123,7 +123,10 @@ def _prefix_slice(target: cst.Subscript) -> bool:
 
 def _builds_mask(facts: FileFacts, value: cst.BaseExpression, order: int, scope) -> bool:
     """``[X] * n`` / ``n * [X]`` / ``torch.full(..., X)`` where X is the ignore index, also through a name
-    (``IGNORE = -100``, renamed or held in a temporary)."""
+    (``IGNORE = -100``, renamed or held in a temporary; ``mask = [IGNORE] * n`` ... ``labels[:n] = mask``)."""
+    assigned = facts.assignment_of(value, order, scope)
+    if assigned is not None:
+        value, order, scope = assigned.value, assigned.order, assigned.scope
     for node in walk(value):
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
             for side in (node.left, node.right):
