@@ -574,3 +574,57 @@ def max_memory_entries(facts: FileFacts, node: Optional[cst.BaseExpression], ord
             amount = int(float(match.group(1)) * _MEMORY_UNIT[match.group(2).lower() if match.group(2) else None])
         entries[device if device is not None else _plain(facts, element.key)] = amount  # a GPU index in a variable
     return entries, _plain(facts, node)
+
+
+_LAUNCH_MODE_TEST = re.compile(
+    r"(?<![a-z])(?:rank|world|ddp|distributed|process(?:es)?|num_gpus|device_count)(?![a-z])", re.IGNORECASE
+)
+
+
+def device_map_chosen_per_launch(facts: FileFacts, site: CallSite, expr: Optional[cst.BaseExpression] = None) -> bool:
+    """The device map of the load ``site`` (``expr``: its ``device_map`` argument, found when not given) depends on
+    the launch mode: an ``if`` on rank/world size, or a name bound to different maps (bound twice to the same
+    "auto" is no choice). With several processes such a file gives each rank its own map (GD101, GD107)."""
+    if expr is None:
+        expr = facts.keyword_argument(site.node, "device_map", site.order, site.scope)
+        if expr is None:
+            return False
+    frames = list(site.context)
+    if call_arg(site.node, keyword="device_map") is not expr:  # from a ``**kwargs`` dict: where it was filled
+        for contents in facts.kwargs_contents(site.node, site.order, site.scope):
+            if contents.bindings:
+                binding = contents.bindings[-1]
+                frames += list(binding.context)
+                if sum(b.kind != "param" for b in binding.scope.bindings.get(binding.key, [])) > 1:
+                    return True  # ``kwargs = {...}`` bound twice (per launch mode, say)
+            frames += [f for entry in contents.entries.values() for f in entry.context]
+    key = name_key(expr)
+    if key is not None:
+        binding = facts.binding_at(key, site.order, site.scope)
+        if binding is None:
+            return True
+        frames += list(binding.context)
+        scope_bindings = binding.scope.bindings.get(key, [])
+        assigned = [b for b in scope_bindings if b.kind != "param"]
+        if len(assigned) > 1 and not all(_same_auto_map(facts, b) for b in assigned):
+            return True
+        for param in (b for b in scope_bindings if b.kind == "param"):
+            # a parameter: a choice per launch unless every call of the function passes the same automatic map
+            passed = list(facts.param_arguments(param))
+            if not passed or len(passed) != len(facts.call_sites_of(param.scope)):
+                return True
+            for argument, order, scope in passed:
+                device_map = facts.device_map(argument, order, scope)
+                if device_map is None or device_map.strategy != "auto":
+                    return True
+    return any(
+        isinstance(f, IfFrame) and _LAUNCH_MODE_TEST.search(facts.module.code_for_node(f.test)) for f in frames
+    )
+
+
+def _same_auto_map(facts: FileFacts, binding) -> bool:
+    """The binding stores an automatic map (``"auto"``, ``"balanced"`` ...), not a per-rank one."""
+    if binding.value is None:
+        return False
+    device_map = facts.device_map(binding.value, binding.order, binding.scope)
+    return device_map is not None and device_map.strategy == "auto"

@@ -527,7 +527,7 @@ class ExpressionValues:
     def _param_value(self, binding: "Binding") -> Value:
         """A parameter is what the file's calls pass to it (the first call that passes something known),
         else its default."""
-        for arg, order, scope in self._param_arguments(binding):
+        for arg, order, scope in self.param_arguments(binding):
             value = self.value(arg, order, scope)
             if value.kind != "unknown":
                 return value
@@ -569,16 +569,16 @@ class ExpressionValues:
         """(argument, order, scope) for parameter ``binding``: what every call of the file passes, or only what
         ``passed.site`` passes when the parameter belongs to ``passed.callee`` (the call being followed; none
         when that call passes it by keyword-star or not at all)."""
-        arguments = list(self._param_arguments(binding))
+        arguments = list(self.param_arguments(binding))
         if passed is not None and passed.callee is binding.scope:
             return [a for a in arguments if a[1] == passed.site.order and a[2] is passed.site.scope][:1]
         return arguments
 
     def param_argument(self, binding: "Binding"):
         """(the argument, order, scope) the first call of the function passes for parameter ``binding``."""
-        return next(self._param_arguments(binding), None)
+        return next(self.param_arguments(binding), None)
 
-    def _param_arguments(self, binding: "Binding"):
+    def param_arguments(self, binding: "Binding"):
         """(argument, order, scope) for each call of the file that passes parameter ``binding``."""
         function, param = binding.scope, binding.target
         if not isinstance(function.node, cst.FunctionDef) or not isinstance(param, cst.Param):
@@ -587,6 +587,8 @@ class ExpressionValues:
             arg = self.argument_for(site, function, param)
             if arg is not None:
                 yield arg, site.order, site.scope
+
+    _param_arguments = param_arguments  # the old private name, for branches written before it became public
 
     def argument_for(self, site: "CallSite", function: "Scope", param: cst.Param) -> Optional[cst.BaseExpression]:
         """The argument the call ``site`` of the file's function ``function`` passes for its parameter ``param``:

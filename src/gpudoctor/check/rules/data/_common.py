@@ -129,7 +129,7 @@ def encoding_source(facts: FileFacts, node: cst.BaseExpression, order: int, scop
     if binding is not None and binding.kind == "param":
         # a Dataset's ``__init__(self, encodings)`` ... ``QADataset(tokenizer(questions))``: every call passes one
         found = {id(c): c for c in (
-            encoding_source(facts, *argument, depth + 1) for argument in facts._param_arguments(binding)
+            encoding_source(facts, *argument, depth + 1) for argument in facts.param_arguments(binding)
         )}
         if len(found) == 1 and None not in found:
             return next(iter(found.values()))

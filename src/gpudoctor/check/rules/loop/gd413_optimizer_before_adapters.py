@@ -169,7 +169,7 @@ def _model_key_in(facts: FileFacts, owner: cst.BaseExpression, site, holder) -> 
     if binding is None or binding.kind != "param":
         # ``model, optimizer = load_pretrain(...)``: the helper returns its model next to the optimizer
         return _unpacked_with(facts, owner, site, holder) or key
-    passed = [name_key(arg) for arg, _, scope in facts._param_arguments(binding) if scope is holder.scope]
+    passed = [name_key(arg) for arg, _, scope in facts.param_arguments(binding) if scope is holder.scope]
     return passed[0] if len(set(passed)) == 1 else None
 
 
