@@ -292,6 +292,10 @@ _SIZE_BY_NAME = (
     (re.compile(r"^mt5-xxl$", re.IGNORECASE), 13e9),
     (re.compile(r"^mt5-xl$", re.IGNORECASE), 3.7e9),
     (re.compile(r"^flan-ul2$", re.IGNORECASE), 19.5e9),
+    # GPT-2's sizes are words, not numbers (config.json: n_layer/n_embd 48/1600, 36/1280, 24/1024)
+    (re.compile(r"^gpt2-xl$", re.IGNORECASE), 1.558e9),
+    (re.compile(r"^gpt2-large$", re.IGNORECASE), 7.74e8),
+    (re.compile(r"^gpt2-medium$", re.IGNORECASE), 3.55e8),
 )
 
 
@@ -440,6 +444,12 @@ def _stated_gpus(source: str, model_names: bool) -> Optional[tuple[int, float, s
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 
 
+# Checkpoints published in float32 whose config names no dtype: transformers 5's `dtype="auto"` then reads the
+# weights' own dtype (modeling_utils.py `_get_dtype` -> `get_state_dict_dtype`), so they load in float32.
+# GPT-2: model.safetensors is F32 (gpt2-xl's file is 6.4 GB for 1.56B parameters).
+_FLOAT32_CHECKPOINTS = (re.compile(r"^(?:distil)?gpt2(?:-medium|-large|-xl)?$", re.IGNORECASE),)
+
+
 def weight_bytes(facts: FileFacts, call: cst.Call, value: Optional[Value] = None) -> tuple[int, str]:
     """Bytes per weight of the model ``call`` loads (a ``.half()``-style cast on ``value`` first, then
     ``dtype=``, then the installed transformers' default), and a note saying which applied."""
@@ -457,6 +467,11 @@ def weight_bytes(facts: FileFacts, call: cst.Call, value: Optional[Value] = None
             return _DTYPE_BYTES[name], f"`{name}` weights"
     version = versions.major_minor(versions.assumed("transformers")[0]) or (5, 0)
     if version >= (5, 0):
+        site = facts.call_site(call)
+        name = checkpoint_name(facts, call, site.order, site.scope) if site is not None else None
+        last = name.rstrip("/").split("/")[-1] if name else ""
+        if any(pattern.match(last) for pattern in _FLOAT32_CHECKPOINTS):
+            return 4, f"{versions.describe('transformers')} loads the checkpoint's dtype (`dtype=\"auto\"`): `{name}` is stored in float32"
         return 2, f"{versions.describe('transformers')} loads the checkpoint's dtype (`dtype=\"auto\"`); 16-bit assumed"
     return 4, f"{versions.describe('transformers')} loads float32 unless `dtype=` is given"
 

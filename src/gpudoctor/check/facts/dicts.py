@@ -5,7 +5,8 @@
 names before ``order``: the entries of its display ``{"k": v}`` or ``dict(k=v)``, then ``d["k"] = v``,
 ``d.update({...})`` / ``d.update(k=v)``, ``d.setdefault("k", v)``, ``del d["k"]``, ``d.pop("k")`` and
 ``d.clear()`` — through the name the call uses and the names it aliases (``kwargs = base_kwargs``: one
-dict, two names). Entries the file cannot read (``d.update(other)``, ``{**other}``) are not there; a
+dict, two names), and from a function's parameter to the dict the file's first call of it passes (the
+caller's changes before that call, then the function's own). Entries the file cannot read (``d.update(other)``, ``{**other}``) are not there; a
 mutation in a branch counts as done. Kept as a mixin of ``FileFacts`` (``model.py``).
 """
 
@@ -67,23 +68,35 @@ class DictContentsQueries:
         return cache[key]
 
     def _replay_dict(self, expr: Optional[cst.CSTNode], order: int, scope: "Scope") -> Optional[DictContents]:
-        bindings: list[Binding] = []
+        # Each segment: the names followed inside one function, and the point up to which changes made
+        # through them count (the use, or the call of the function whose parameter the dict was passed as).
+        segments: list[tuple[list[Binding], int]] = [([], order)]
         at, where = order, scope
         for _ in range(_ALIAS_DEPTH + 1):
             key = name_key(expr) if expr is not None else None
             if key is None:
                 break
             binding = self.binding_at(key, at, where)
+            if binding is not None and binding.kind == "param":
+                # ``def build(load_kwargs): from_pretrained(name, **load_kwargs)``: the dict the file's call passes
+                segments[-1][0].append(binding)
+                passed = self.param_argument(binding)
+                if passed is None:
+                    return None
+                expr, at, where = passed
+                segments.append(([], at))
+                continue
             if binding is None or binding.kind != "assign" or binding.value is None:
                 return None
-            bindings.append(binding)
+            segments[-1][0].append(binding)
             expr, at, where = binding.value, binding.order, binding.scope
         entries = self._display_entries(expr, at, where)
         if entries is None:
             return None
-        for event in sorted(self._dict_mutations(bindings, order), key=lambda e: e[0]):
-            _apply(entries, event)
-        return DictContents(entries, tuple(bindings))
+        for bindings, until in reversed(segments):  # the caller's changes happen before the callee's
+            for event in sorted(self._dict_mutations(bindings, until), key=lambda e: e[0]):
+                _apply(entries, event)
+        return DictContents(entries, tuple(b for bindings, _until in segments for b in bindings))
 
     def kwargs_contents(self, call: cst.Call, order: int, scope: "Scope") -> Iterator[DictContents]:
         """The contents of each ``**dict`` argument of ``call`` the file builds, in argument order."""

@@ -59,6 +59,7 @@ _LAUNCH_HINT = re.compile(
     r"deepspeed\s+\S+\.py"
 )
 # The process count a launch line states: ``--num_processes=1``, ``--nproc_per_node 1``, ``num_processes=1``.
+_HELPER_DEPTH = 3  # how many of the file's own functions to follow for a device map they return
 _STATED_COUNT = re.compile(r"""(num_processes|nproc[_-]per[_-]node|num_gpus)["']?\s*[=:\s]\s*["']?(\d+)\b""")
 # A test on the number of processes: ``PartialState().num_processes > 1``, ``world_size != 1``.
 _PROCESS_COUNT = re.compile(r"""(num_processes|world_size|WORLD_SIZE|get_world_size\(\))["'\])]*\s*(>\s*1|!=\s*1|>=\s*2)\b""")
@@ -355,7 +356,7 @@ class FileFacts(DictContentsQueries, ExpressionValues):
         self._value_cache[key] = result
         return result
 
-    def device_map(self, node: Optional[cst.CSTNode], order: int, scope: Scope) -> Optional[DeviceMap]:
+    def device_map(self, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0) -> Optional[DeviceMap]:
         if node is None:
             return None
         text = string_value(node)
@@ -383,12 +384,12 @@ class FileFacts(DictContentsQueries, ExpressionValues):
                 # what the file's calls pass for the parameter, else its default (``device_map: str = "auto"``)
                 passed = self.param_argument(binding)
                 if passed is not None:
-                    return self.device_map(*passed)
+                    return self.device_map(*passed, depth)
                 if binding.target.default is not None:
-                    return self.device_map(binding.target.default, binding.order, binding.scope)
+                    return self.device_map(binding.target.default, binding.order, binding.scope, depth)
             if binding is None or binding.value is None or binding.kind not in ("assign",):
                 return DeviceMap("unknown", node=node)
-            inner = self.device_map(binding.value, binding.order, binding.scope)
+            inner = self.device_map(binding.value, binding.order, binding.scope, depth)
             if inner is None:
                 return None
             if isinstance(binding.value, cst.Call) and self.qualname(binding.value.func) in apis.INFER_DEVICE_MAP:
@@ -405,7 +406,29 @@ class FileFacts(DictContentsQueries, ExpressionValues):
             return inner
         if isinstance(node, cst.Call) and self.qualname(node.func) in apis.INFER_DEVICE_MAP:
             return DeviceMap("auto", node=node, label="infer_auto_device_map(...)")
+        if isinstance(node, cst.Call) and depth < _HELPER_DEPTH:
+            returned = self._device_map_returned(node, depth)
+            if returned is not None:
+                return returned
         return DeviceMap("unknown", node=node)
+
+    def _device_map_returned(self, call: cst.Call, depth: int) -> Optional[DeviceMap]:
+        """The map the file's own function ``call`` runs returns (``device_map = build_map(n_layers)``), when
+        every ``return`` gives a known map of one strategy: their devices together."""
+        site = self.call_site(call)
+        if site is None:
+            return None
+        maps = [
+            self.device_map(ret.value, ret.order, ret.scope, depth + 1)
+            for callee in self.callee_scopes(site)
+            for ret in self.returns.get(id(callee), ())
+        ]
+        if not maps or any(m is None or m.strategy == "unknown" for m in maps):
+            return None
+        if len({m.strategy for m in maps}) != 1:
+            return None
+        first = maps[0]
+        return DeviceMap(first.strategy, frozenset().union(*(m.devices for m in maps)), node=first.node, label=first.label)
 
     def under_no_grad(self, context: tuple) -> bool:
         for frame in context:
