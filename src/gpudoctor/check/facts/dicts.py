@@ -6,7 +6,8 @@ names before ``order``: the entries of its display ``{"k": v}`` or ``dict(k=v)``
 ``d.update({...})`` / ``d.update(k=v)``, ``d.setdefault("k", v)``, ``del d["k"]``, ``d.pop("k")`` and
 ``d.clear()`` — through the name the call uses and the names it aliases (``kwargs = base_kwargs``: one
 dict, two names), and from a function's parameter to the dict the file's first call of it passes (the
-caller's changes before that call, then the function's own). Entries the file cannot read (``d.update(other)``, ``{**other}``) are not there; a
+caller's changes before that call, then the function's own); a ``**kw`` parameter holds that call's keywords
+that name no other parameter. Entries the file cannot read (``d.update(other)``, ``{**other}``) are not there; a
 mutation in a branch counts as done. Kept as a mixin of ``FileFacts`` (``model.py``).
 """
 
@@ -77,6 +78,15 @@ class DictContentsQueries:
             if key is None:
                 break
             binding = self.binding_at(key, at, where)
+            if binding is not None and binding.kind == "param" and self._is_star_kwargs(binding):
+                # ``def load(name, **kw): from_pretrained(name, **kw)`` called as ``load(path, load_in_8bit=True)``
+                segments[-1][0].append(binding)
+                entries = self._forwarded_keywords(binding)
+                if entries is None:
+                    return None
+                for event in sorted(self._dict_mutations(segments[-1][0], segments[-1][1]), key=lambda e: e[0]):
+                    _apply(entries, event)
+                return DictContents(entries, tuple(segments[-1][0]))
             if binding is not None and binding.kind == "param":
                 # ``def build(load_kwargs): from_pretrained(name, **load_kwargs)``: the dict the file's call passes
                 segments[-1][0].append(binding)
@@ -121,6 +131,27 @@ class DictContentsQueries:
             return found
         entry = self.kwargs_entry(call, keyword, order, scope)
         return entry.value if entry is not None else None
+
+    @staticmethod
+    def _is_star_kwargs(binding: "Binding") -> bool:
+        function = binding.scope.node
+        return isinstance(function, cst.FunctionDef) and binding.target is function.params.star_kwarg
+
+    def _forwarded_keywords(self, binding: "Binding") -> Optional[dict[str, DictEntry]]:
+        """The entries a ``**kw`` parameter holds at the file's first call of its function: the call's keywords
+        that name no other parameter (the node is the caller's ``key=value``, where it is fixed)."""
+        function = binding.scope.node
+        named = {
+            p.name.value
+            for p in (*function.params.posonly_params, *function.params.params, *function.params.kwonly_params)
+        }
+        for site in self.call_sites_of(binding.scope):
+            entries: dict[str, DictEntry] = {}
+            for arg in site.node.args:
+                if arg.keyword is not None and arg.keyword.value not in named:
+                    entries[arg.keyword.value] = DictEntry(arg.keyword.value, arg.value, arg, site.order, site.scope, site.context, "display")
+            return entries
+        return None
 
     def _display_entries(self, expr, order: int, scope: "Scope") -> Optional[dict[str, DictEntry]]:
         """The entries a ``{...}`` display or a ``dict(k=v)`` call starts with (the last of duplicate keys wins,

@@ -368,15 +368,20 @@ class FileFacts(DictContentsQueries, ExpressionValues):
             devices = set()
             keys = []
             for element in node.elements:
-                if not isinstance(element, cst.DictElement):
+                found = _device_literals(element.value) if isinstance(element, cst.DictElement) else None
+                if found is None:
                     return DeviceMap("unknown", node=node)
                 keys.append(string_value(element.key))
-                devices.add(_device_literal(element.value))
-            if None in devices:
-                return DeviceMap("unknown", node=node)
+                devices |= found
             if keys == [""]:
                 return DeviceMap("single", frozenset(devices), node=node)
             return DeviceMap("explicit", frozenset(devices), node=node, label="a device map")
+        if isinstance(node, cst.DictComp):
+            # ``{f"model.layers.{i}": 0 if i < 16 else "disk" for i in range(32)}``
+            found = _device_literals(node.value)
+            if found is None:
+                return DeviceMap("unknown", node=node)
+            return DeviceMap("explicit", frozenset(found), node=node, label="a device map")
         key = name_key(node)
         if key is not None:
             binding = self.binding_at(key, order, scope)
@@ -394,12 +399,23 @@ class FileFacts(DictContentsQueries, ExpressionValues):
                 return None
             if isinstance(binding.value, cst.Call) and self.qualname(binding.value.func) in apis.INFER_DEVICE_MAP:
                 inner = DeviceMap("auto", node=binding.value, label="infer_auto_device_map(...)")
-            # ``device_map["lm_head"] = "disk"`` after the binding.
-            extra = set()
+            # ``device_map["lm_head"] = "disk"`` or ``device_map.update({...})`` after the binding.
+            extra: Optional[set] = set()
             for site in self.subscript_assigns:
                 if site.base_key == key and binding.order < site.order < order:
-                    extra.add(_device_literal(site.value))
-            if extra and None not in extra:
+                    found = _device_literals(site.value)
+                    extra = extra | found if extra is not None and found is not None else None
+            for site in self.method_calls("update"):
+                if name_key(site.receiver) == key and binding.order < site.order < order:
+                    given = site.arg(0)
+                    added = self.device_map(given, site.order, site.scope, depth) if given is not None else None
+                    found = set(added.devices) if added is not None and added.strategy in ("explicit", "single") else None
+                    for arg in site.node.args:
+                        if arg.keyword is not None:
+                            more = _device_literals(arg.value)
+                            found = found | more if found is not None and more is not None else None
+                    extra = extra | found if extra is not None and found is not None else None
+            if extra:
                 devices = frozenset(inner.devices | extra)
                 strategy = "explicit" if inner.strategy in ("explicit", "single") else inner.strategy
                 return DeviceMap(strategy, devices, node=inner.node, label=inner.label)
@@ -836,6 +852,15 @@ _DTYPES = {
     "float64": "float64",
     "double": "float64",
 }
+
+
+def _device_literals(node: cst.CSTNode) -> Optional[set]:
+    """The devices a map's value can be: a literal, or either branch of ``0 if i < 16 else "disk"``."""
+    if isinstance(node, cst.IfExp):
+        body, orelse = _device_literals(node.body), _device_literals(node.orelse)
+        return body | orelse if body is not None and orelse is not None else None
+    found = _device_literal(node)
+    return {found} if found is not None else None
 
 
 def _device_literal(node: cst.CSTNode) -> Optional[str]:
