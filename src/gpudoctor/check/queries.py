@@ -119,6 +119,22 @@ def mixed_precision_fp16(facts: FileFacts, kwargs: dict[str, cst.BaseExpression]
     return string_value(kwargs.get("mixed_precision")) == "fp16"
 
 
+def sets_requires_grad(facts: FileFacts) -> bool:
+    """Whether the file changes what autograd tracks: ``p.requires_grad = ...``, ``x.requires_grad_(...)``, or a
+    ``requires_grad=`` argument (``torch.zeros(..., requires_grad=True)``, ``nn.Parameter(w, requires_grad=False)``).
+    Reading the flag (``sum(p.numel() for p in model.parameters() if p.requires_grad)``, the usual count of
+    trainable parameters) changes nothing."""
+    if "requires_grad" not in facts.source:
+        return False
+    if any(True for _site in facts.method_calls("requires_grad_")):
+        return True
+    if any(site.target.attr.value == "requires_grad" for site in facts.attribute_assigns):
+        return True
+    return any(
+        arg.keyword is not None and arg.keyword.value == "requires_grad" for site in facts.calls for arg in site.node.args
+    )
+
+
 def trained_models(facts: FileFacts) -> Iterator[tuple[cst.BaseExpression, CallSite, str]]:
     """Expressions that are trained, with the call that trains them and how:
 
