@@ -446,15 +446,45 @@ def _stated_gpus(source: str, model_names: bool) -> Optional[tuple[int, float, s
         return None
     match = _GPU_NAME_SIZE.search(source)
     if match:
-        return 1, float(match.group(1)), match.group(0).strip()
+        count, text = _count_around(source, match)
+        return count, float(match.group(1)), text
     match = _SIZE_EACH.search(source)
     if match:
         size = float(match.group(1)) * (_GIB_PER_GB if match.group(2).lower() == "gib" else 1.0)
         return 1, size, match.group(0).strip()
+    counted = _COMPACT_COUNT_NAME.search(source) or _PLURAL_NAME.search(source)
+    if counted and counted.group(2) in _GPU_MEMORY_GB:
+        count = int(counted.group(1)) if counted.group(1).isdigit() else 2
+        return count, float(_GPU_MEMORY_GB[counted.group(2)]), counted.group(0).strip()
     named = _GPU_NAME.search(source)
     if named:
-        return 1, float(_GPU_MEMORY_GB[named.group(1)]), named.group(0).strip()
+        count, text = _count_around(source, named)
+        return count, float(_GPU_MEMORY_GB[named.group(1)]), text
     return None
+
+
+# How many of a named card: "2x RTX 3090", "2 x T4", "two T4s", "dual 3090" before it; Kaggle's accelerator
+# label "GPU T4 x2" after it.
+_COUNT_BEFORE = re.compile(r"(?:\b(\d{1,2})\s*[x×]|\b(two|dual))\s*(?:NVIDIA\s*)?$", re.IGNORECASE)
+_COUNT_AFTER = re.compile(r"^(?:\s*GPUs?)?\s*[x×]\s*(\d{1,2})\b", re.IGNORECASE)
+
+
+# The forms the name pattern's word boundaries miss: "2xT4" (the launcher/--gpus spelling), "two T4s" (a plural).
+_GPU_NAMES_ALTERNATION = "|".join(sorted(_GPU_MEMORY_GB, key=len, reverse=True))
+_COMPACT_COUNT_NAME = re.compile(r"\b(\d{1,2})[x×](" + _GPU_NAMES_ALTERNATION + r")(?:\s*Ti)?\b")
+_PLURAL_NAME = re.compile(r"\b(\d{1,2}|two|dual)\s+(" + _GPU_NAMES_ALTERNATION + r")s\b", re.IGNORECASE)
+
+
+def _count_around(source: str, match: re.Match) -> tuple[int, str]:
+    """(how many cards the text around a card's name states, the text that says so)."""
+    start = max(0, match.start() - 16)
+    before = _COUNT_BEFORE.search(source[start : match.start()])
+    if before:
+        return (int(before.group(1)) if before.group(1) else 2), source[start + before.start() : match.end()].strip()
+    after = _COUNT_AFTER.match(source[match.end() : match.end() + 12])
+    if after:
+        return int(after.group(1)), source[match.start() : match.end() + after.end()].strip()
+    return 1, match.group(0).strip()
 
 
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
