@@ -226,17 +226,20 @@ class _Collector:
             self.facts.imports[local] = f"{module}.{name}"
         return False
 
+    def _decorator_name(self, decorator: cst.BaseExpression) -> Optional[str]:
+        """The qualified name of a decorator; ``builtins.staticmethod`` for the builtin (a staticmethod receives
+        no ``self``: its arguments map to its parameters from the first)."""
+        expr = decorator.func if type(decorator) is cst.Call else decorator
+        q = self.facts.qualname(expr)
+        if q is None and type(expr) is cst.Name and expr.value in ("staticmethod", "classmethod") \
+                and expr.value not in self.facts.imports:
+            return f"builtins.{expr.value}"
+        return q
+
     def on_function(self, node: cst.FunctionDef):
         for decorator in node.decorators:
             self.walk(decorator)
-        decorators = tuple(
-            q
-            for q in (
-                self.facts.qualname(d.decorator.func if type(d.decorator) is cst.Call else d.decorator)
-                for d in node.decorators
-            )
-            if q
-        )
+        decorators = tuple(q for q in (self._decorator_name(d.decorator) for d in node.decorators) if q)
         class_name = self.scope.name if self.scope.kind == "class" else self.scope.class_name
         self.bind(node.name.value, node, None, "def")
         scope = Scope("function", node.name.value, node, self.scope, class_name, decorators=decorators)

@@ -167,6 +167,27 @@ class ExpressionValues:
                 return [s for s in self._functions_by_name.get(func.attr.value, ()) if s.class_name == made.func.value]
         return []
 
+    def every_return(self, site: "CallSite", read: Callable[..., Any], path: tuple[int, ...] = ()) -> Any:
+        """``read(value, order, scope, callee)`` of what every ``return`` of the file's function(s) ``site`` calls
+        gives back (the element at ``path`` of a returned tuple: ``x, y = get_batch(...)``): the first result when
+        every return gives one; None when one gives none, is a bare ``return``, or its shape does not fit ``path``."""
+        found = None
+        for callee in self.callee_scopes(site):
+            for ret in self.returns.get(id(callee), ()):
+                value = ret.value
+                if ret.kind != "return" or value is None:
+                    return None
+                for index in path:
+                    if not isinstance(value, cst.Tuple) or index >= len(value.elements) or value.elements[index].value is None:
+                        return None
+                    value = value.elements[index].value
+                result = read(value, ret.order, ret.scope, callee)
+                if result is None:
+                    return None
+                if found is None:
+                    found = result
+        return found
+
     def call_sites_of(self, scope: "Scope") -> list["CallSite"]:
         """Calls of the file's own function ``scope`` (by name, ``self.name``, or the class for ``__init__``)."""
         cache = self.__dict__.setdefault("_call_sites_of", {})
@@ -525,6 +546,15 @@ class ExpressionValues:
         function, param = binding.scope, binding.target
         if not isinstance(function.node, cst.FunctionDef) or not isinstance(param, cst.Param):
             return
+        for site in self.call_sites_of(function):
+            arg = self.argument_for(site, function, param)
+            if arg is not None:
+                yield arg, site.order, site.scope
+
+    def argument_for(self, site: "CallSite", function: "Scope", param: cst.Param) -> Optional[cst.BaseExpression]:
+        """The argument the call ``site`` of the file's function ``function`` passes for its parameter ``param``:
+        by keyword, or by position (after the ``self``/``cls`` a method receives from its instance or class; a
+        ``staticmethod`` receives none); None when it passes none, or a ``*args`` before it hides its position."""
         params = [*function.node.params.posonly_params, *function.node.params.params]
         position = next((i for i, p in enumerate(params) if p is param), None)  # None: keyword-only, *args
         is_method = function.parent is not None and function.parent.kind == "class" and "staticmethod" not in (
@@ -533,11 +563,12 @@ class ExpressionValues:
         if is_method and position is not None:
             position -= 1
             if position < 0:
-                return  # self / cls
-        for site in self.call_sites_of(function):
-            arg = call_arg(site.node, position, param.name.value)
-            if arg is not None:
-                yield arg, site.order, site.scope
+                return None  # self / cls
+        if position is not None:
+            positional = [a for a in site.node.args if a.keyword is None]
+            if any(a.star for a in positional[: position + 1]):
+                position = None  # ``f(*xs, y)``: where ``y`` lands is not shown
+        return call_arg(site.node, position, param.name.value)
 
     def iterated(self, loop) -> Optional[tuple[cst.BaseExpression, cst.CSTNode]]:
         """(the collection a loop really iterates, the node that shows it): ``for b in tqdm(enumerate(dl))`` ->

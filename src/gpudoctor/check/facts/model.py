@@ -9,6 +9,7 @@ from typing import Any, Iterator, Optional
 import libcst as cst
 
 from gpudoctor.check import apis
+from gpudoctor.check.facts.containers import ContainerItems
 from gpudoctor.check.facts.dicts import DictContentsQueries
 from gpudoctor.check.facts.lattice import DIFFUSION_PIPELINE, ExpressionValues
 from gpudoctor.check.facts.nodes import (
@@ -72,7 +73,7 @@ _MEMORY_SHORT_HINT = re.compile(
 )
 
 
-class FileFacts(DictContentsQueries, ExpressionValues):
+class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
     """Facts about one module. Build with :func:`collect`."""
 
     def __init__(self, module: cst.Module, source: str, path: str = "<string>") -> None:
