@@ -435,14 +435,16 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
         site = self.call_site(call)
         if site is None:
             return None
-        maps = [
-            self.device_map(ret.value, ret.order, ret.scope, depth + 1)
-            for callee in self.callee_scopes(site)
-            for ret in self.returns.get(id(callee), ())
-        ]
-        if not maps or any(m is None or m.strategy == "unknown" for m in maps):
-            return None
-        if len({m.strategy for m in maps}) != 1:
+        maps: list[DeviceMap] = []
+
+        def read(value, order, scope, _callee):
+            found = self.device_map(value, order, scope, depth + 1)
+            if found is None or found.strategy == "unknown":
+                return None
+            maps.append(found)
+            return found
+
+        if self.every_return(site, read) is None or len({m.strategy for m in maps}) != 1:
             return None
         first = maps[0]
         return DeviceMap(first.strategy, frozenset().union(*(m.devices for m in maps)), node=first.node, label=first.label)
