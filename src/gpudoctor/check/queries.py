@@ -119,6 +119,22 @@ def mixed_precision_fp16(facts: FileFacts, kwargs: dict[str, cst.BaseExpression]
     return string_value(kwargs.get("mixed_precision")) == "fp16"
 
 
+def sets_requires_grad(facts: FileFacts) -> bool:
+    """Whether the file changes what autograd tracks: ``p.requires_grad = ...``, ``x.requires_grad_(...)``, or a
+    ``requires_grad=`` argument (``torch.zeros(..., requires_grad=True)``, ``nn.Parameter(w, requires_grad=False)``).
+    Reading the flag (``sum(p.numel() for p in model.parameters() if p.requires_grad)``, the usual count of
+    trainable parameters) changes nothing."""
+    if "requires_grad" not in facts.source:
+        return False
+    if any(True for _site in facts.method_calls("requires_grad_")):
+        return True
+    if any(site.target.attr.value == "requires_grad" for site in facts.attribute_assigns):
+        return True
+    return any(
+        arg.keyword is not None and arg.keyword.value == "requires_grad" for site in facts.calls for arg in site.node.args
+    )
+
+
 def trained_models(facts: FileFacts) -> Iterator[tuple[cst.BaseExpression, CallSite, str]]:
     """Expressions that are trained, with the call that trains them and how:
 
@@ -323,6 +339,10 @@ _SIZE_BY_NAME = (
     (re.compile(r"^mt5-xxl$", re.IGNORECASE), 13e9),
     (re.compile(r"^mt5-xl$", re.IGNORECASE), 3.7e9),
     (re.compile(r"^flan-ul2$", re.IGNORECASE), 19.5e9),
+    # GPT-2's sizes are words, not numbers (config.json: n_layer/n_embd 48/1600, 36/1280, 24/1024)
+    (re.compile(r"^gpt2-xl$", re.IGNORECASE), 1.558e9),
+    (re.compile(r"^gpt2-large$", re.IGNORECASE), 7.74e8),
+    (re.compile(r"^gpt2-medium$", re.IGNORECASE), 3.55e8),
 )
 
 
@@ -473,18 +493,54 @@ def _stated_gpus(source: str, model_names: bool) -> Optional[tuple[int, float, s
         return None
     match = _GPU_NAME_SIZE.search(source)
     if match:
-        return 1, float(match.group(1)), match.group(0).strip()
+        count, text = _count_around(source, match)
+        return count, float(match.group(1)), text
     match = _SIZE_EACH.search(source)
     if match:
         size = float(match.group(1)) * (_GIB_PER_GB if match.group(2).lower() == "gib" else 1.0)
         return 1, size, match.group(0).strip()
+    counted = _COMPACT_COUNT_NAME.search(source) or _PLURAL_NAME.search(source)
+    if counted and counted.group(2) in _GPU_MEMORY_GB:
+        count = int(counted.group(1)) if counted.group(1).isdigit() else 2
+        return count, float(_GPU_MEMORY_GB[counted.group(2)]), counted.group(0).strip()
     named = _GPU_NAME.search(source)
     if named:
-        return 1, float(_GPU_MEMORY_GB[named.group(1)]), named.group(0).strip()
+        count, text = _count_around(source, named)
+        return count, float(_GPU_MEMORY_GB[named.group(1)]), text
     return None
 
 
+# How many of a named card: "2x RTX 3090", "2 x T4", "two T4s", "dual 3090" before it; Kaggle's accelerator
+# label "GPU T4 x2" after it.
+_COUNT_BEFORE = re.compile(r"(?:\b(\d{1,2})\s*[x×]|\b(two|dual))\s*(?:NVIDIA\s*)?$", re.IGNORECASE)
+_COUNT_AFTER = re.compile(r"^(?:\s*GPUs?)?\s*[x×]\s*(\d{1,2})\b", re.IGNORECASE)
+
+
+# The forms the name pattern's word boundaries miss: "2xT4" (the launcher/--gpus spelling), "two T4s" (a plural).
+_GPU_NAMES_ALTERNATION = "|".join(sorted(_GPU_MEMORY_GB, key=len, reverse=True))
+_COMPACT_COUNT_NAME = re.compile(r"\b(\d{1,2})[x×](" + _GPU_NAMES_ALTERNATION + r")(?:\s*Ti)?\b")
+_PLURAL_NAME = re.compile(r"\b(\d{1,2}|two|dual)\s+(" + _GPU_NAMES_ALTERNATION + r")s\b", re.IGNORECASE)
+
+
+def _count_around(source: str, match: re.Match) -> tuple[int, str]:
+    """(how many cards the text around a card's name states, the text that says so)."""
+    start = max(0, match.start() - 16)
+    before = _COUNT_BEFORE.search(source[start : match.start()])
+    if before:
+        return (int(before.group(1)) if before.group(1) else 2), source[start + before.start() : match.end()].strip()
+    after = _COUNT_AFTER.match(source[match.end() : match.end() + 12])
+    if after:
+        return int(after.group(1)), source[match.start() : match.end() + after.end()].strip()
+    return 1, match.group(0).strip()
+
+
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
+
+
+# Checkpoints published in float32 whose config names no dtype: transformers 5's `dtype="auto"` then reads the
+# weights' own dtype (modeling_utils.py `_get_dtype` -> `get_state_dict_dtype`), so they load in float32.
+# GPT-2: model.safetensors is F32 (gpt2-xl's file is 6.4 GB for 1.56B parameters).
+_FLOAT32_CHECKPOINTS = (re.compile(r"^(?:distil)?gpt2(?:-medium|-large|-xl)?$", re.IGNORECASE),)
 
 
 def weight_bytes(facts: FileFacts, call: cst.Call, value: Optional[Value] = None) -> tuple[int, str]:
@@ -504,6 +560,11 @@ def weight_bytes(facts: FileFacts, call: cst.Call, value: Optional[Value] = None
             return _DTYPE_BYTES[name], f"`{name}` weights"
     version = versions.major_minor(versions.assumed("transformers")[0]) or (5, 0)
     if version >= (5, 0):
+        site = facts.call_site(call)
+        name = checkpoint_name(facts, call, site.order, site.scope) if site is not None else None
+        last = name.rstrip("/").split("/")[-1] if name else ""
+        if any(pattern.match(last) for pattern in _FLOAT32_CHECKPOINTS):
+            return 4, f"{versions.describe('transformers')} loads the checkpoint's dtype (`dtype=\"auto\"`): `{name}` is stored in float32"
         return 2, f"{versions.describe('transformers')} loads the checkpoint's dtype (`dtype=\"auto\"`); 16-bit assumed"
     return 4, f"{versions.describe('transformers')} loads float32 unless `dtype=` is given"
 

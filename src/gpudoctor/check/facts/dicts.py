@@ -5,7 +5,9 @@
 names before ``order``: the entries of its display ``{"k": v}`` or ``dict(k=v)``, then ``d["k"] = v``,
 ``d.update({...})`` / ``d.update(k=v)``, ``d.setdefault("k", v)``, ``del d["k"]``, ``d.pop("k")`` and
 ``d.clear()`` — through the name the call uses and the names it aliases (``kwargs = base_kwargs``: one
-dict, two names). Entries the file cannot read (``d.update(other)``, ``{**other}``) are not there; a
+dict, two names), and from a function's parameter to the dict the file's first call of it passes (the
+caller's changes before that call, then the function's own); a ``**kw`` parameter holds that call's keywords
+that name no other parameter. Entries the file cannot read (``d.update(other)``, ``{**other}``) are not there; a
 mutation in a branch counts as done. Kept as a mixin of ``FileFacts`` (``model.py``).
 """
 
@@ -67,27 +69,46 @@ class DictContentsQueries:
         return cache[key]
 
     def _replay_dict(self, expr: Optional[cst.CSTNode], order: int, scope: "Scope") -> Optional[DictContents]:
-        bindings: list[Binding] = []
+        # Each segment: the names followed inside one function, and the point up to which changes made
+        # through them count (the use, or the call of the function whose parameter the dict was passed as).
+        segments: list[tuple[list[Binding], int]] = [([], order)]
         at, where = order, scope
         for _ in range(_ALIAS_DEPTH + 1):
             key = name_key(expr) if expr is not None else None
             if key is None:
                 break
             binding = self.binding_at(key, at, where)
+            if binding is not None and binding.kind == "param" and self._is_star_kwargs(binding):
+                # ``def load(name, **kw): from_pretrained(name, **kw)`` called as ``load(path, load_in_8bit=True)``
+                segments[-1][0].append(binding)
+                entries = self._star_kwargs_passed(binding)
+                if entries is None:
+                    return None
+                for event in sorted(self._dict_mutations(segments[-1][0], segments[-1][1]), key=lambda e: e[0]):
+                    _apply(entries, event)
+                return DictContents(entries, tuple(segments[-1][0]))
             if binding is not None and binding.kind == "param":
-                return self._star_kwargs_passed(binding)
+                # ``def build(load_kwargs): from_pretrained(name, **load_kwargs)``: the dict the file's call passes
+                segments[-1][0].append(binding)
+                passed = self.param_argument(binding)
+                if passed is None:
+                    return None
+                expr, at, where = passed
+                segments.append(([], at))
+                continue
             if binding is None or binding.kind != "assign" or binding.value is None:
                 return None
-            bindings.append(binding)
+            segments[-1][0].append(binding)
             expr, at, where = binding.value, binding.order, binding.scope
         entries = self._display_entries(expr, at, where)
         if entries is None:
-            return self._returned_dict(expr, bindings)
-        for event in sorted(self._dict_mutations(bindings, order), key=lambda e: e[0]):
-            _apply(entries, event)
-        return DictContents(entries, tuple(bindings))
+            return self._returned_dict(expr, [b for bindings, _until in segments for b in bindings])
+        for bindings, until in reversed(segments):  # the caller's changes happen before the callee's
+            for event in sorted(self._dict_mutations(bindings, until), key=lambda e: e[0]):
+                _apply(entries, event)
+        return DictContents(entries, tuple(b for bindings, _until in segments for b in bindings))
 
-    def _star_kwargs_passed(self, binding: "Binding") -> Optional[DictContents]:
+    def _star_kwargs_passed(self, binding: "Binding") -> Optional[dict[str, DictEntry]]:
         """``def load(path, **kw): return AutoModel.from_pretrained(path, **kw)`` called once by the file,
         ``load(p, load_in_8bit=True)``: ``kw`` holds the keywords that call passes beyond the named parameters
         (also those of a ``**dict`` it passes). None for any other parameter, or a function called more than once
@@ -110,7 +131,7 @@ class DictContentsQueries:
             elif arg.keyword is not None and arg.keyword.value not in named:
                 key = arg.keyword.value
                 entries[key] = DictEntry(key, arg.value, arg, site.order, site.scope, site.context, "passed")
-        return DictContents(entries, ())
+        return entries
 
     def _returned_dict(self, expr, bindings: list["Binding"]) -> Optional[DictContents]:
         """``**self.loading_kwargs()``: the dict the file's own function returns, when every ``return`` of it gives
@@ -155,6 +176,11 @@ class DictContentsQueries:
             return found
         entry = self.kwargs_entry(call, keyword, order, scope)
         return entry.value if entry is not None else None
+
+    @staticmethod
+    def _is_star_kwargs(binding: "Binding") -> bool:
+        function = binding.scope.node
+        return isinstance(function, cst.FunctionDef) and binding.target is function.params.star_kwarg
 
     def _display_entries(self, expr, order: int, scope: "Scope") -> Optional[dict[str, DictEntry]]:
         """The entries a ``{...}`` display or a ``dict(k=v)`` call starts with (the last of duplicate keys wins,

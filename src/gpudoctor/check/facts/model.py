@@ -69,6 +69,7 @@ _NEGATED_LAUNCHER = re.compile(
 )
 _NEGATION_REACH = 24
 # The process count a launch line states: ``--num_processes=1``, ``--nproc_per_node 1``, ``num_processes=1``.
+_HELPER_DEPTH = 3  # how many of the file's own functions to follow for a device map they return
 _STATED_COUNT = re.compile(r"""(num_processes|nproc[_-]per[_-]node|num_gpus)["']?\s*[=:\s]\s*["']?(\d+)\b""")
 # A test on the number of processes: ``PartialState().num_processes > 1``, ``world_size != 1``.
 _PROCESS_COUNT = re.compile(r"""(num_processes|world_size|WORLD_SIZE|get_world_size\(\))["'\])]*\s*(>\s*1|!=\s*1|>=\s*2)\b""")
@@ -414,7 +415,7 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
         self._value_cache[key] = result
         return result
 
-    def device_map(self, node: Optional[cst.CSTNode], order: int, scope: Scope) -> Optional[DeviceMap]:
+    def device_map(self, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0) -> Optional[DeviceMap]:
         if node is None:
             return None
         text = string_value(node)
@@ -426,15 +427,20 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
             devices = set()
             keys = []
             for element in node.elements:
-                if not isinstance(element, cst.DictElement):
+                found = _device_literals(element.value) if isinstance(element, cst.DictElement) else None
+                if found is None:
                     return DeviceMap("unknown", node=node)
                 keys.append(string_value(element.key))
-                devices.add(_device_literal(element.value))
-            if None in devices:
-                return DeviceMap("unknown", node=node)
+                devices |= found
             if keys == [""]:
                 return DeviceMap("single", frozenset(devices), node=node)
             return DeviceMap("explicit", frozenset(devices), node=node, label="a device map")
+        if isinstance(node, cst.DictComp):
+            # ``{f"model.layers.{i}": 0 if i < 16 else "disk" for i in range(32)}``
+            found = _device_literals(node.value)
+            if found is None:
+                return DeviceMap("unknown", node=node)
+            return DeviceMap("explicit", frozenset(found), node=node, label="a device map")
         key = name_key(node)
         if key is not None:
             binding = self.binding_at(key, order, scope)
@@ -442,29 +448,64 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
                 # what the file's calls pass for the parameter, else its default (``device_map: str = "auto"``)
                 passed = self.param_argument(binding)
                 if passed is not None:
-                    return self.device_map(*passed)
+                    return self.device_map(*passed, depth)
                 if binding.target.default is not None:
-                    return self.device_map(binding.target.default, binding.order, binding.scope)
+                    return self.device_map(binding.target.default, binding.order, binding.scope, depth)
             if binding is None or binding.value is None or binding.kind not in ("assign",):
                 return DeviceMap("unknown", node=node)
-            inner = self.device_map(binding.value, binding.order, binding.scope)
+            inner = self.device_map(binding.value, binding.order, binding.scope, depth)
             if inner is None:
                 return None
             if isinstance(binding.value, cst.Call) and self.qualname(binding.value.func) in apis.INFER_DEVICE_MAP:
                 inner = DeviceMap("auto", node=binding.value, label="infer_auto_device_map(...)")
-            # ``device_map["lm_head"] = "disk"`` after the binding.
-            extra = set()
+            # ``device_map["lm_head"] = "disk"`` or ``device_map.update({...})`` after the binding.
+            extra: Optional[set] = set()
             for site in self.subscript_assigns:
                 if site.base_key == key and binding.order < site.order < order:
-                    extra.add(_device_literal(site.value))
-            if extra and None not in extra:
+                    found = _device_literals(site.value)
+                    extra = extra | found if extra is not None and found is not None else None
+            for site in self.method_calls("update"):
+                if name_key(site.receiver) == key and binding.order < site.order < order:
+                    given = site.arg(0)
+                    added = self.device_map(given, site.order, site.scope, depth) if given is not None else None
+                    found = set(added.devices) if added is not None and added.strategy in ("explicit", "single") else None
+                    for arg in site.node.args:
+                        if arg.keyword is not None:
+                            more = _device_literals(arg.value)
+                            found = found | more if found is not None and more is not None else None
+                    extra = extra | found if extra is not None and found is not None else None
+            if extra:
                 devices = frozenset(inner.devices | extra)
                 strategy = "explicit" if inner.strategy in ("explicit", "single") else inner.strategy
                 return DeviceMap(strategy, devices, node=inner.node, label=inner.label)
             return inner
         if isinstance(node, cst.Call) and self.qualname(node.func) in apis.INFER_DEVICE_MAP:
             return DeviceMap("auto", node=node, label="infer_auto_device_map(...)")
+        if isinstance(node, cst.Call) and depth < _HELPER_DEPTH:
+            returned = self._device_map_returned(node, depth)
+            if returned is not None:
+                return returned
         return DeviceMap("unknown", node=node)
+
+    def _device_map_returned(self, call: cst.Call, depth: int) -> Optional[DeviceMap]:
+        """The map the file's own function ``call`` runs returns (``device_map = build_map(n_layers)``), when
+        every ``return`` gives a known map of one strategy: their devices together."""
+        site = self.call_site(call)
+        if site is None:
+            return None
+        maps: list[DeviceMap] = []
+
+        def read(value, order, scope, _callee):
+            found = self.device_map(value, order, scope, depth + 1)
+            if found is None or found.strategy == "unknown":
+                return None
+            maps.append(found)
+            return found
+
+        if self.every_return(site, read) is None or len({m.strategy for m in maps}) != 1:
+            return None
+        first = maps[0]
+        return DeviceMap(first.strategy, frozenset().union(*(m.devices for m in maps)), node=first.node, label=first.label)
 
     def under_no_grad(self, context: tuple) -> bool:
         for frame in context:
@@ -872,6 +913,15 @@ _DTYPES = {
     "float64": "float64",
     "double": "float64",
 }
+
+
+def _device_literals(node: cst.CSTNode) -> Optional[set]:
+    """The devices a map's value can be: a literal, or either branch of ``0 if i < 16 else "disk"``."""
+    if isinstance(node, cst.IfExp):
+        body, orelse = _device_literals(node.body), _device_literals(node.orelse)
+        return body | orelse if body is not None and orelse is not None else None
+    found = _device_literal(node)
+    return {found} if found is not None else None
 
 
 def _device_literal(node: cst.CSTNode) -> Optional[str]:
