@@ -198,6 +198,34 @@ def _tensors_in(value) -> Iterator[torch.Tensor]:
             yield from _tensors_in(item)
 
 
+@contextlib.contextmanager
+def _virtual_cache_emptying() -> Iterator[None]:
+    """``torch.accelerator.empty_cache()`` that does nothing when the current accelerator is the virtual one.
+
+    The registered backend makes ``torch.accelerator`` report ``gpu`` as the machine's accelerator, and
+    accelerate 1.16 empties the cache through ``torch.accelerator`` after each tensor it places on an
+    accelerator (``set_module_tensor_to_device`` -> ``clear_device_cache``). The virtual backend has no
+    caching allocator, so torch's call fails an internal assert ("Allocator for gpu is not a DeviceAllocator");
+    on a real GPU it only hands cached blocks back to the driver, which nothing here observes."""
+    accelerator = getattr(torch, "accelerator", None)
+    original = getattr(accelerator, "empty_cache", None)
+    if original is None:
+        yield
+        return
+
+    def empty_cache() -> None:
+        current = accelerator.current_accelerator()
+        if current is not None and current.type == BACKEND_NAME:
+            return
+        original()
+
+    accelerator.empty_cache = empty_cache
+    try:
+        yield
+    finally:
+        accelerator.empty_cache = original
+
+
 class VirtualGPUs:
     """Context manager: fake mode over ``gpu:0..gpu:{DEVICE_COUNT-1}``, optional per-device memory cap."""
 
@@ -216,6 +244,7 @@ class VirtualGPUs:
         if self.memory_cap is not None:
             self.cap_mode = MemoryCapMode(self.memory_cap)
             self._stack.enter_context(self.cap_mode)
+        self._stack.enter_context(_virtual_cache_emptying())
         return self
 
     def __exit__(self, *exc) -> None:
