@@ -69,3 +69,18 @@ def test_detached_state_trains(build):
 def test_first_step_alone_succeeds():
     """The failure needs a second step: one backward on a fresh state is fine."""
     _train(_rnn(detach=False), steps=1)
+
+
+def test_retain_graph_then_optimizer_step_fails_on_modified_weights():
+    """The error message's own suggestion, retain_graph=True, with an optimizer step between the two backwards:
+    the second backward needs the first step's weights, which the step changed in place."""
+    torch.manual_seed(0)
+    rnn = nn.RNN(3, 4)
+    optimizer = torch.optim.SGD(rnn.parameters(), lr=0.1)
+    h = None
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        for _ in range(2):
+            out, h = rnn(torch.randn(5, 2, 3), h)
+            optimizer.zero_grad()
+            out.sum().backward(retain_graph=True)
+            optimizer.step()

@@ -61,6 +61,12 @@ DATALOADER = {"torch.utils.data.DataLoader"}
 GRAD_SCALER = {"torch.amp.GradScaler"}
 NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
 LM_COLLATOR = {"transformers.DataCollatorForLanguageModeling"}
+# Recurrent modules called as ``module(x, state)``: the state they return is computed from the state they are given,
+# so it carries the autograd graph of every call it has been through (ncps' CfC/LTC return ``(output, hx)`` alike).
+RECURRENT_MODULES = frozenset({
+    "torch.nn.RNN", "torch.nn.LSTM", "torch.nn.GRU", "torch.nn.RNNCell", "torch.nn.LSTMCell", "torch.nn.GRUCell",
+    "ncps.torch.CfC", "ncps.torch.LTC",
+})
 BNB_CONFIG = "transformers.BitsAndBytesConfig"
 # trl's value-head wrappers (trl <= 0.2x; moved to trl.experimental.ppo in Dec 2025, gone from trl 1.16): their
 # ``from_pretrained`` passes its keyword arguments on to transformers' ``from_pretrained``.
