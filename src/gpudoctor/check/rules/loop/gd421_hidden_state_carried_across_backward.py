@@ -55,7 +55,7 @@ class HiddenStateCarriedAcrossBackward(Rule):
 
     def _kept_on_module(self, facts: FileFacts, site: CallSite, carried: list[Binding]):
         method = site.scope
-        if _loops_in_function(site) or method.kind != "function" or not method.class_name:
+        if method.kind != "function" or not method.class_name:
             return None
         if not facts.is_module_class(method.class_name):
             return None
@@ -249,6 +249,11 @@ def _reset_in_loop(facts: FileFacts, key: str, loop: LoopFrame, site: CallSite, 
         for binding in facts.class_attrs.get(site.scope.class_name, {}).get(key, ()):
             if binding.scope is not site.scope and binding.scope.name != "__init__":
                 return True
+        return False
+    # A function the loop calls that binds the same name (``global h; h = None``) may reset it.
+    for call, _ in reach(facts, loop):
+        if any(key in scope.bindings for scope in facts.callee_scopes(call)):
+            return True
     return False
 
 
