@@ -84,3 +84,16 @@ def test_retain_graph_then_optimizer_step_fails_on_modified_weights():
             optimizer.zero_grad()
             out.sum().backward(retain_graph=True)
             optimizer.step()
+
+
+def test_frozen_recurrent_module_carries_no_graph():
+    """Why GD421 skips frozen modules: with its parameters frozen and inputs without grad, the carried state has no
+    graph, so a head trained on its features backwards every step without error."""
+    torch.manual_seed(0)
+    encoder = nn.GRU(3, 4, batch_first=True).requires_grad_(False)
+    probe = nn.Linear(4, 1)
+    state = None
+    for _ in range(3):
+        features, state = encoder(torch.randn(2, 5, 3), state)
+        assert state.grad_fn is None
+        probe(features[:, -1]).sum().backward()

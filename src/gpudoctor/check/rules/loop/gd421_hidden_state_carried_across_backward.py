@@ -30,6 +30,8 @@ class HiddenStateCarriedAcrossBackward(Rule):
             carried = _fed_back(facts, site)
             if not carried or facts.under_no_grad(site.context) or not _is_recurrent(facts, site):
                 continue
+            if _frozen(facts, site):
+                continue  # a frozen recurrent module on inputs without grad returns a state without a graph
             finding = self._carried_by_loop(facts, site, carried) or self._kept_on_module(facts, site, carried)
             if finding is not None:
                 yield finding
@@ -165,6 +167,23 @@ def _forward_returns_state(facts: FileFacts, class_name: str, depth: int) -> boo
             for key in _bare_keys(returned.value):
                 if facts.binding_at(key, returned.order, forward) in states:
                     return True
+    return False
+
+
+def _frozen(facts: FileFacts, site: CallSite) -> bool:
+    """``rnn.requires_grad_(False)``, or ``p.requires_grad = False`` in a loop over ``rnn.parameters()``."""
+    callee = facts.module.code_for_node(site.node.func)
+    for call in facts.method_calls("requires_grad_"):
+        arg = call_arg(call.node, 0, "requires_grad")
+        if isinstance(arg, cst.Name) and arg.value == "False" and call.receiver is not None:
+            if facts.module.code_for_node(call.receiver) == callee:
+                return True
+    for assign in facts.attribute_assigns:
+        if assign.target.attr.value != "requires_grad" or not (isinstance(assign.value, cst.Name) and assign.value.value == "False"):
+            continue
+        loops = [f for f in assign.context if isinstance(f, LoopFrame) and f.iter is not None]
+        if any(facts.module.code_for_node(f.iter).startswith(callee + ".") for f in loops):
+            return True
     return False
 
 
