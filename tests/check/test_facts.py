@@ -446,6 +446,24 @@ def test_dict_contents_of_what_the_file_does_not_build() -> None:
     assert facts.dict_contents(first.node.args[1].value, first.order, first.scope) is None
 
 
+def test_dict_contents_of_a_star_kwargs_parameter_called_once() -> None:
+    facts = facts_of(
+        """
+        from transformers import AutoModelForCausalLM as M
+        def load(path, dtype=None, **kw):
+            return M.from_pretrained(path, **kw)
+        extra = {"low_cpu_mem_usage": True, "dtype": "x"}
+        load("m", dtype="auto", load_in_8bit=True, **extra)
+        def twice(**kw):
+            return M.from_pretrained("m", **kw)
+        twice(device_map="auto")
+        twice(device_map="cpu")
+        """
+    )
+    # the one call fills ``kw`` (named parameters excluded); two calls fill it differently: unknown
+    assert _live_keys(facts) == [["load_in_8bit=True", "low_cpu_mem_usage=True"], []]
+
+
 def test_keyword_argument_skips_a_deleted_entry() -> None:
     facts = facts_of(
         """
@@ -769,3 +787,38 @@ def test_argument_for_a_parameter_skips_self_but_not_for_a_staticmethod():
     assert passed("method", 0) == [("self", None), ("a", "x1"), ("b", "y1"), ("c", "z1")]
     assert passed("static", 0) == [("a", "x2"), ("b", "y2")]
     assert passed("method", 1) == [("self", None), ("a", None), ("b", None), ("c", None)]  # ``*xs`` hides positions
+
+
+def test_single_use_temporaries_are_resolved_once_for_every_rule():
+    facts = facts_of(
+        """
+        import deepspeed
+
+        def train(model, ds, cfg):
+            tmp = deepspeed.initialize(model=model, config=cfg)
+            engine, _, _, _ = tmp
+            tmp2 = self.net
+            tmp2.to("cuda")
+            tmp3 = model.to("cuda")
+            tmp3.eval()
+            shared = deepspeed.initialize(model=model, config=cfg)
+            a = shared
+            b = shared
+        """
+    )
+    init = facts.calls_to("deepspeed.initialize")[0]
+    holders = facts._bindings_of_value(init.node)
+    # ``engine, ... = tmp`` unpacks the call itself; the temporary is only a conduit
+    assert [(b.key, b.kind, b.index) for b in holders if b.key == "engine"] == [("engine", "unpack", 0)]
+    assert all(b.key != "tmp" for b in holders)
+    # ``tmp2 = self.net; tmp2.to(...)`` is a call on ``self.net``
+    move = next(s for s in facts.calls if s.method == "to" and s.order > init.order and facts.module.code_for_node(s.receiver) == "self.net")
+    assert move in facts._calls_on_key["self.net"]
+    # a temporary that holds another expression keeps its name as the receiver; through_temporary gives the expression
+    evaluated = next(s for s in facts.calls if s.method == "eval")
+    assert facts.module.code_for_node(evaluated.receiver) == "tmp3"
+    assert facts.module.code_for_node(facts.through_temporary(evaluated.receiver)) == 'model.to("cuda")'
+    # a name read twice is no temporary: its copies keep reading the name
+    second = facts.calls_to("deepspeed.initialize")[1]
+    assert [b.key for b in facts._bindings_of_value(second.node)] == ["shared"]
+    assert facts.binding_at("a", 1 << 30, facts.functions[0]).value.value == "shared"

@@ -166,3 +166,23 @@ def test_gd112_judges_against_declared_gpus():
     hardware.set_assumed(hardware.parse_gpus("2xH200", "--gpus 2xH200"))
     (left,) = gd112()  # ~52 GiB fits a 140 GiB card; ~194 GiB does not
     assert "~194 GiB" in left.message and "2 x H200 (139.8 GiB usable), from --gpus 2xH200" in left.message
+
+
+@pytest.mark.parametrize(
+    "text, count, gb",
+    [
+        ("# Kaggle accelerator: GPU T4 x2", 2, 16.0),  # Kaggle's own label
+        ("# 2x RTX 3090", 2, 24.0),
+        ("# 2xT4", 2, 16.0),
+        ("# two T4s on kaggle", 2, 16.0),
+        ("# dual 3090", 2, 24.0),
+        ("# 6x3070Ti", 6, 8.0),
+        ("# RTX 3070 Laptop GPU", 1, 8.0),
+        ("# the T4 x-ray", 1, 16.0),  # "x-ray" is no count
+    ],
+)
+def test_stated_card_counts(text, count, gb):
+    from gpudoctor.check.queries import stated_gpus
+
+    stated = stated_gpus(text, model_names=True)
+    assert stated is not None and stated[:2] == (count, gb)

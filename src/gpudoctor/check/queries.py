@@ -10,7 +10,7 @@ import libcst as cst
 from gpudoctor import hardware
 from gpudoctor.check import apis
 from gpudoctor.check.facts import (
-    TRAIT_PREPARED, CallSite, FileFacts, IfFrame, LoopFrame, Scope, Value, call_arg, int_value, name_key, string_value,
+    TRAIT_PREPARED, CallSite, FileFacts, IfFrame, LoopFrame, Scope, Value, call_arg, dotted, int_value, name_key, string_value,
 )
 from gpudoctor.check.finding import Severity
 
@@ -119,16 +119,32 @@ def mixed_precision_fp16(facts: FileFacts, kwargs: dict[str, cst.BaseExpression]
     return string_value(kwargs.get("mixed_precision")) == "fp16"
 
 
+def sets_requires_grad(facts: FileFacts) -> bool:
+    """Whether the file changes what autograd tracks: ``p.requires_grad = ...``, ``x.requires_grad_(...)``, or a
+    ``requires_grad=`` argument (``torch.zeros(..., requires_grad=True)``, ``nn.Parameter(w, requires_grad=False)``).
+    Reading the flag (``sum(p.numel() for p in model.parameters() if p.requires_grad)``, the usual count of
+    trainable parameters) changes nothing."""
+    if "requires_grad" not in facts.source:
+        return False
+    if any(True for _site in facts.method_calls("requires_grad_")):
+        return True
+    if any(site.target.attr.value == "requires_grad" for site in facts.attribute_assigns):
+        return True
+    return any(
+        arg.keyword is not None and arg.keyword.value == "requires_grad" for site in facts.calls for arg in site.node.args
+    )
+
+
 def trained_models(facts: FileFacts) -> Iterator[tuple[cst.BaseExpression, CallSite, str]]:
     """Expressions that are trained, with the call that trains them and how:
 
     ``Trainer(model=m)``, ``accelerator.prepare(..., m, ...)`` with an optimizer, an optimizer over
     ``m.parameters()``, ``get_peft_model(m, ...)`` (LoRA training).
     """
-    for site in facts.calls_to(*apis.TRAINERS):
+    for site in facts.trainer_calls():
         model = site.arg(0, "model")
         if model is not None:
-            yield model, site, f"`{site.qualname.split('.')[-1]}(model=...)`"
+            yield model, site, f"`{(site.qualname or dotted(site.node.func) or 'Trainer').split('.')[-1]}(model=...)`"
     for site in facts.calls:
         if site.qualname and apis.is_optimizer(site.qualname):
             params = site.arg(0, "params")
@@ -205,17 +221,20 @@ def _appended_parameters_owner(facts: FileFacts, binding, order: int) -> Optiona
     for site in facts.method_calls("append"):
         if site.scope is not binding.scope or not binding.order < site.order < order:
             continue
-        receivers = [site.receiver.body, site.receiver.orelse] if isinstance(site.receiver, cst.IfExp) else [site.receiver]
+        receiver = facts.through_temporary(site.receiver)  # ``bucket = (a if c else key); bucket.append(p)``
+        receivers = [receiver.body, receiver.orelse] if isinstance(receiver, cst.IfExp) else [receiver]
         if binding.key not in {name_key(r) for r in receivers}:
             continue
         item = site.arg(0)
-        loop = next((f for f in reversed(site.context) if isinstance(f, LoopFrame) and isinstance(f.node, cst.For)), None)
-        if loop is None or not isinstance(item, cst.Name):
+        loop = next((f for f in reversed(site.context) if isinstance(f, LoopFrame)), None)
+        iterated = facts.iterated(loop) if loop is not None else None
+        if iterated is None or not isinstance(item, cst.Name):
             return None
-        target = loop.node.target
-        names = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
-        owner = _parameters_owner(loop.iter)
-        if owner is None or not any(isinstance(n, cst.Name) and n.value == item.value for n in names):
+        # ``p`` is bound by this loop (``for n, p in ...``, ``for i, (n, p) in enumerate(...)``, ``n, p = next(it)``)
+        # over the module's parameters, through ``enumerate``/``tqdm``/``iter``/the file's generators
+        item_binding = facts.binding_at(item.value, site.order, site.scope)
+        owner = _parameters_owner(iterated[0])
+        if owner is None or item_binding is None or item_binding.kind not in ("for", "unpack") or item_binding.order < loop.order:
             return None
         owners.append(owner)
     return owners[0] if owners and len({name_key(o) for o in owners}) == 1 else None
@@ -320,6 +339,10 @@ _SIZE_BY_NAME = (
     (re.compile(r"^mt5-xxl$", re.IGNORECASE), 13e9),
     (re.compile(r"^mt5-xl$", re.IGNORECASE), 3.7e9),
     (re.compile(r"^flan-ul2$", re.IGNORECASE), 19.5e9),
+    # GPT-2's sizes are words, not numbers (config.json: n_layer/n_embd 48/1600, 36/1280, 24/1024)
+    (re.compile(r"^gpt2-xl$", re.IGNORECASE), 1.558e9),
+    (re.compile(r"^gpt2-large$", re.IGNORECASE), 7.74e8),
+    (re.compile(r"^gpt2-medium$", re.IGNORECASE), 3.55e8),
 )
 
 
@@ -342,7 +365,8 @@ def params_from_name(name: Optional[str]) -> Optional[float]:
 
 # -- which kind of language model a file trains (GD3xx) ---------------------------------------
 
-_SEQ2SEQ_EXTRA = {"EncoderDecoderModel", "Seq2SeqTrainer", "Seq2SeqTrainingArguments"}
+_SEQ2SEQ_TOOLS = {"Seq2SeqTrainer", "Seq2SeqTrainingArguments"}  # trainer classes, not models
+_SEQ2SEQ_EXTRA = {"EncoderDecoderModel"} | _SEQ2SEQ_TOOLS
 
 
 def model_class_names(facts: FileFacts) -> set[str]:
@@ -366,10 +390,25 @@ def language_model_kind(facts: FileFacts) -> Optional[str]:
     uses only encoder-decoder classes; "mixed" for both; None when it shows neither."""
     names = model_class_names(facts)
     causal = any(apis.is_causal_lm_class(n) or n.endswith("ForCausalLMWithValueHead") for n in names)
-    seq2seq = any(apis.is_seq2seq_class(n) or n in _SEQ2SEQ_EXTRA for n in names)
-    if causal and seq2seq:
+    causal = causal or _loads_remote_causal_lm(facts)
+    seq2seq_model = any((apis.is_seq2seq_class(n) or n == "EncoderDecoderModel") and n not in _SEQ2SEQ_TOOLS for n in names)
+    if causal and seq2seq_model:
         return "mixed"
-    return "causal" if causal else "seq2seq" if seq2seq else None
+    if causal:
+        # ``Seq2SeqTrainer`` / ``Seq2SeqTrainingArguments`` around a causal LM (transformers#12259: distilgpt2 under
+        # Seq2SeqTrainer) still train a causal LM: the trainer class does not change what the model's loss does.
+        return "causal"
+    return "seq2seq" if seq2seq_model or any(n in _SEQ2SEQ_TOOLS for n in names) else None
+
+
+def _loads_remote_causal_lm(facts: FileFacts) -> bool:
+    """``AutoModel.from_pretrained("THUDM/chatglm3-6b", trust_remote_code=True)``: a bare ``AutoModel`` whose
+    checkpoint's remote code is a causal LM (``apis.REMOTE_CAUSAL_LM_CHECKPOINT``)."""
+    for site in facts.calls_to("transformers.AutoModel.from_pretrained"):
+        name = checkpoint_name(facts, site.node, site.order, site.scope)
+        if name is not None and apis.REMOTE_CAUSAL_LM_CHECKPOINT.search(name):
+            return True
+    return False
 
 
 def with_kwarg(call: cst.Call, keyword: str, value: cst.BaseExpression) -> cst.Call:
@@ -454,18 +493,54 @@ def _stated_gpus(source: str, model_names: bool) -> Optional[tuple[int, float, s
         return None
     match = _GPU_NAME_SIZE.search(source)
     if match:
-        return 1, float(match.group(1)), match.group(0).strip()
+        count, text = _count_around(source, match)
+        return count, float(match.group(1)), text
     match = _SIZE_EACH.search(source)
     if match:
         size = float(match.group(1)) * (_GIB_PER_GB if match.group(2).lower() == "gib" else 1.0)
         return 1, size, match.group(0).strip()
+    counted = _COMPACT_COUNT_NAME.search(source) or _PLURAL_NAME.search(source)
+    if counted and counted.group(2) in _GPU_MEMORY_GB:
+        count = int(counted.group(1)) if counted.group(1).isdigit() else 2
+        return count, float(_GPU_MEMORY_GB[counted.group(2)]), counted.group(0).strip()
     named = _GPU_NAME.search(source)
     if named:
-        return 1, float(_GPU_MEMORY_GB[named.group(1)]), named.group(0).strip()
+        count, text = _count_around(source, named)
+        return count, float(_GPU_MEMORY_GB[named.group(1)]), text
     return None
 
 
+# How many of a named card: "2x RTX 3090", "2 x T4", "two T4s", "dual 3090" before it; Kaggle's accelerator
+# label "GPU T4 x2" after it.
+_COUNT_BEFORE = re.compile(r"(?:\b(\d{1,2})\s*[x×]|\b(two|dual))\s*(?:NVIDIA\s*)?$", re.IGNORECASE)
+_COUNT_AFTER = re.compile(r"^(?:\s*GPUs?)?\s*[x×]\s*(\d{1,2})\b", re.IGNORECASE)
+
+
+# The forms the name pattern's word boundaries miss: "2xT4" (the launcher/--gpus spelling), "two T4s" (a plural).
+_GPU_NAMES_ALTERNATION = "|".join(sorted(_GPU_MEMORY_GB, key=len, reverse=True))
+_COMPACT_COUNT_NAME = re.compile(r"\b(\d{1,2})[x×](" + _GPU_NAMES_ALTERNATION + r")(?:\s*Ti)?\b")
+_PLURAL_NAME = re.compile(r"\b(\d{1,2}|two|dual)\s+(" + _GPU_NAMES_ALTERNATION + r")s\b", re.IGNORECASE)
+
+
+def _count_around(source: str, match: re.Match) -> tuple[int, str]:
+    """(how many cards the text around a card's name states, the text that says so)."""
+    start = max(0, match.start() - 16)
+    before = _COUNT_BEFORE.search(source[start : match.start()])
+    if before:
+        return (int(before.group(1)) if before.group(1) else 2), source[start + before.start() : match.end()].strip()
+    after = _COUNT_AFTER.match(source[match.end() : match.end() + 12])
+    if after:
+        return int(after.group(1)), source[match.start() : match.end() + after.end()].strip()
+    return 1, match.group(0).strip()
+
+
 _DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
+
+
+# Checkpoints published in float32 whose config names no dtype: transformers 5's `dtype="auto"` then reads the
+# weights' own dtype (modeling_utils.py `_get_dtype` -> `get_state_dict_dtype`), so they load in float32.
+# GPT-2: model.safetensors is F32 (gpt2-xl's file is 6.4 GB for 1.56B parameters).
+_FLOAT32_CHECKPOINTS = (re.compile(r"^(?:distil)?gpt2(?:-medium|-large|-xl)?$", re.IGNORECASE),)
 
 
 def weight_bytes(facts: FileFacts, call: cst.Call, value: Optional[Value] = None) -> tuple[int, str]:
@@ -485,6 +560,11 @@ def weight_bytes(facts: FileFacts, call: cst.Call, value: Optional[Value] = None
             return _DTYPE_BYTES[name], f"`{name}` weights"
     version = versions.major_minor(versions.assumed("transformers")[0]) or (5, 0)
     if version >= (5, 0):
+        site = facts.call_site(call)
+        name = checkpoint_name(facts, call, site.order, site.scope) if site is not None else None
+        last = name.rstrip("/").split("/")[-1] if name else ""
+        if any(pattern.match(last) for pattern in _FLOAT32_CHECKPOINTS):
+            return 4, f"{versions.describe('transformers')} loads the checkpoint's dtype (`dtype=\"auto\"`): `{name}` is stored in float32"
         return 2, f"{versions.describe('transformers')} loads the checkpoint's dtype (`dtype=\"auto\"`); 16-bit assumed"
     return 4, f"{versions.describe('transformers')} loads float32 unless `dtype=` is given"
 
@@ -555,3 +635,57 @@ def max_memory_entries(facts: FileFacts, node: Optional[cst.BaseExpression], ord
             amount = int(float(match.group(1)) * _MEMORY_UNIT[match.group(2).lower() if match.group(2) else None])
         entries[device if device is not None else _plain(facts, element.key)] = amount  # a GPU index in a variable
     return entries, _plain(facts, node)
+
+
+_LAUNCH_MODE_TEST = re.compile(
+    r"(?<![a-z])(?:rank|world|ddp|distributed|process(?:es)?|num_gpus|device_count)(?![a-z])", re.IGNORECASE
+)
+
+
+def device_map_chosen_per_launch(facts: FileFacts, site: CallSite, expr: Optional[cst.BaseExpression] = None) -> bool:
+    """The device map of the load ``site`` (``expr``: its ``device_map`` argument, found when not given) depends on
+    the launch mode: an ``if`` on rank/world size, or a name bound to different maps (bound twice to the same
+    "auto" is no choice). With several processes such a file gives each rank its own map (GD101, GD107)."""
+    if expr is None:
+        expr = facts.keyword_argument(site.node, "device_map", site.order, site.scope)
+        if expr is None:
+            return False
+    frames = list(site.context)
+    if call_arg(site.node, keyword="device_map") is not expr:  # from a ``**kwargs`` dict: where it was filled
+        for contents in facts.kwargs_contents(site.node, site.order, site.scope):
+            if contents.bindings:
+                binding = contents.bindings[-1]
+                frames += list(binding.context)
+                if sum(b.kind != "param" for b in binding.scope.bindings.get(binding.key, [])) > 1:
+                    return True  # ``kwargs = {...}`` bound twice (per launch mode, say)
+            frames += [f for entry in contents.entries.values() for f in entry.context]
+    key = name_key(expr)
+    if key is not None:
+        binding = facts.binding_at(key, site.order, site.scope)
+        if binding is None:
+            return True
+        frames += list(binding.context)
+        scope_bindings = binding.scope.bindings.get(key, [])
+        assigned = [b for b in scope_bindings if b.kind != "param"]
+        if len(assigned) > 1 and not all(_same_auto_map(facts, b) for b in assigned):
+            return True
+        for param in (b for b in scope_bindings if b.kind == "param"):
+            # a parameter: a choice per launch unless every call of the function passes the same automatic map
+            passed = list(facts.param_arguments(param))
+            if not passed or len(passed) != len(facts.call_sites_of(param.scope)):
+                return True
+            for argument, order, scope in passed:
+                device_map = facts.device_map(argument, order, scope)
+                if device_map is None or device_map.strategy != "auto":
+                    return True
+    return any(
+        isinstance(f, IfFrame) and _LAUNCH_MODE_TEST.search(facts.module.code_for_node(f.test)) for f in frames
+    )
+
+
+def _same_auto_map(facts: FileFacts, binding) -> bool:
+    """The binding stores an automatic map (``"auto"``, ``"balanced"`` ...), not a per-rank one."""
+    if binding.value is None:
+        return False
+    device_map = facts.device_map(binding.value, binding.order, binding.scope)
+    return device_map is not None and device_map.strategy == "auto"

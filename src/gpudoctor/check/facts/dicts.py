@@ -5,7 +5,9 @@
 names before ``order``: the entries of its display ``{"k": v}`` or ``dict(k=v)``, then ``d["k"] = v``,
 ``d.update({...})`` / ``d.update(k=v)``, ``d.setdefault("k", v)``, ``del d["k"]``, ``d.pop("k")`` and
 ``d.clear()`` — through the name the call uses and the names it aliases (``kwargs = base_kwargs``: one
-dict, two names). Entries the file cannot read (``d.update(other)``, ``{**other}``) are not there; a
+dict, two names), and from a function's parameter to the dict the file's first call of it passes (the
+caller's changes before that call, then the function's own); a ``**kw`` parameter holds that call's keywords
+that name no other parameter. Entries the file cannot read (``d.update(other)``, ``{**other}``) are not there; a
 mutation in a branch counts as done. Kept as a mixin of ``FileFacts`` (``model.py``).
 """
 
@@ -36,7 +38,7 @@ class DictEntry:
     order: int  # when the entry was put in the dict
     scope: "Scope"
     context: tuple  # the frames around the statement that put it there
-    how: str  # "display" | "store" | "update" | "setdefault"
+    how: str  # "display" | "store" | "update" | "setdefault" | "passed" (a keyword a call gives a ``**kw`` parameter)
 
 
 @dataclass(eq=False, repr=False)
@@ -67,23 +69,89 @@ class DictContentsQueries:
         return cache[key]
 
     def _replay_dict(self, expr: Optional[cst.CSTNode], order: int, scope: "Scope") -> Optional[DictContents]:
-        bindings: list[Binding] = []
+        # Each segment: the names followed inside one function, and the point up to which changes made
+        # through them count (the use, or the call of the function whose parameter the dict was passed as).
+        segments: list[tuple[list[Binding], int]] = [([], order)]
         at, where = order, scope
         for _ in range(_ALIAS_DEPTH + 1):
             key = name_key(expr) if expr is not None else None
             if key is None:
                 break
             binding = self.binding_at(key, at, where)
+            if binding is not None and binding.kind == "param" and self._is_star_kwargs(binding):
+                # ``def load(name, **kw): from_pretrained(name, **kw)`` called as ``load(path, load_in_8bit=True)``
+                segments[-1][0].append(binding)
+                entries = self._star_kwargs_passed(binding)
+                if entries is None:
+                    return None
+                for event in sorted(self._dict_mutations(segments[-1][0], segments[-1][1]), key=lambda e: e[0]):
+                    _apply(entries, event)
+                return DictContents(entries, tuple(segments[-1][0]))
+            if binding is not None and binding.kind == "param":
+                # ``def build(load_kwargs): from_pretrained(name, **load_kwargs)``: the dict the file's call passes
+                segments[-1][0].append(binding)
+                passed = self.param_argument(binding)
+                if passed is None:
+                    return None
+                expr, at, where = passed
+                segments.append(([], at))
+                continue
             if binding is None or binding.kind != "assign" or binding.value is None:
                 return None
-            bindings.append(binding)
+            segments[-1][0].append(binding)
             expr, at, where = binding.value, binding.order, binding.scope
         entries = self._display_entries(expr, at, where)
         if entries is None:
+            return self._returned_dict(expr, [b for bindings, _until in segments for b in bindings])
+        for bindings, until in reversed(segments):  # the caller's changes happen before the callee's
+            for event in sorted(self._dict_mutations(bindings, until), key=lambda e: e[0]):
+                _apply(entries, event)
+        return DictContents(entries, tuple(b for bindings, _until in segments for b in bindings))
+
+    def _star_kwargs_passed(self, binding: "Binding") -> Optional[dict[str, DictEntry]]:
+        """``def load(path, **kw): return AutoModel.from_pretrained(path, **kw)`` called once by the file,
+        ``load(p, load_in_8bit=True)``: ``kw`` holds the keywords that call passes beyond the named parameters
+        (also those of a ``**dict`` it passes). None for any other parameter, or a function called more than once
+        (each call fills it differently) or not at all."""
+        function = binding.scope.node
+        if not isinstance(function, cst.FunctionDef) or function.params.star_kwarg is not binding.target:
             return None
-        for event in sorted(self._dict_mutations(bindings, order), key=lambda e: e[0]):
-            _apply(entries, event)
-        return DictContents(entries, tuple(bindings))
+        calls = self.call_sites_of(binding.scope)
+        if len(calls) != 1:
+            return None
+        site = calls[0]
+        named = {p.name.value for p in (*function.params.posonly_params, *function.params.params, *function.params.kwonly_params)}
+        entries: dict[str, DictEntry] = {}
+        for arg in site.node.args:
+            if arg.star == "**":
+                passed = self.dict_contents(arg.value, site.order, site.scope)
+                if passed is None:
+                    return None  # an unknown dict: what ``kw`` holds is not known
+                entries.update((k, e) for k, e in passed.entries.items() if k not in named)
+            elif arg.keyword is not None and arg.keyword.value not in named:
+                key = arg.keyword.value
+                entries[key] = DictEntry(key, arg.value, arg, site.order, site.scope, site.context, "passed")
+        return entries
+
+    def _returned_dict(self, expr, bindings: list["Binding"]) -> Optional[DictContents]:
+        """``**self.loading_kwargs()``: the dict the file's own function returns, when every ``return`` of it gives
+        a dict the file builds; the entries of all of them (a key one branch returns counts, as a store in a
+        branch does)."""
+        site = self._call_by_node.get(id(expr)) if isinstance(expr, cst.Call) else None
+        if site is None or site.qualname is not None:
+            return None
+        callees = self.callee_scopes(site)
+        if len(callees) != 1:
+            return None
+        returns = [r for r in self.returns.get(id(callees[0]), ()) if r.kind == "return"]
+        entries: dict[str, DictEntry] = {}
+        for ret in returns:
+            contents = self.dict_contents(ret.value, ret.order, ret.scope) if ret.value is not None else None
+            if contents is None:
+                return None
+            for key, entry in contents.entries.items():
+                entries.setdefault(key, entry)
+        return DictContents(entries, tuple(bindings)) if returns else None
 
     def kwargs_contents(self, call: cst.Call, order: int, scope: "Scope") -> Iterator[DictContents]:
         """The contents of each ``**dict`` argument of ``call`` the file builds, in argument order."""
@@ -108,6 +176,11 @@ class DictContentsQueries:
             return found
         entry = self.kwargs_entry(call, keyword, order, scope)
         return entry.value if entry is not None else None
+
+    @staticmethod
+    def _is_star_kwargs(binding: "Binding") -> bool:
+        function = binding.scope.node
+        return isinstance(function, cst.FunctionDef) and binding.target is function.params.star_kwarg
 
     def _display_entries(self, expr, order: int, scope: "Scope") -> Optional[dict[str, DictEntry]]:
         """The entries a ``{...}`` display or a ``dict(k=v)`` call starts with (the last of duplicate keys wins,

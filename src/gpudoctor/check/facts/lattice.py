@@ -165,6 +165,11 @@ class ExpressionValues:
             made = binding.value if binding is not None and binding.kind == "assign" else None
             if isinstance(made, cst.Call) and isinstance(made.func, cst.Name) and made.func.value in self.classes:
                 return [s for s in self._functions_by_name.get(func.attr.value, ()) if s.class_name == made.func.value]
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call) and isinstance(func.value.func, cst.Name):
+            # ``ModelBuilder(cfg).build()``: a method of an instance of the file's class made in place
+            made = func.value.func.value
+            if made in self.classes:
+                return [s for s in self._functions_by_name.get(func.attr.value, ()) if s.class_name == made]
         return []
 
     def every_return(self, site: "CallSite", read: Callable[..., Any], path: tuple[int, ...] = ()) -> Any:
@@ -214,8 +219,13 @@ class ExpressionValues:
                     for b in bindings:
                         if b.kind == "assign" and isinstance(b.value, (cst.Name, cst.Call)):
                             origin = self.value(b.value, b.order, b.scope).origin().node
-                            if origin is not None:
-                                index.setdefault(id(origin), []).append(b)
+                        elif b.kind == "unpack" and isinstance(b.value, cst.Call):
+                            # ``model, optimizer = load_pretrain(...)``: one element of what the helper returns
+                            origin = self._value_of_binding(b).origin().node
+                        else:
+                            continue
+                        if origin is not None:
+                            index.setdefault(id(origin), []).append(b)
             self.__dict__["_bindings_built_by"] = index
         return index.get(id(call), [])
 
@@ -517,7 +527,7 @@ class ExpressionValues:
     def _param_value(self, binding: "Binding") -> Value:
         """A parameter is what the file's calls pass to it (the first call that passes something known),
         else its default."""
-        for arg, order, scope in self._param_arguments(binding):
+        for arg, order, scope in self.param_arguments(binding):
             value = self.value(arg, order, scope)
             if value.kind != "unknown":
                 return value
@@ -559,16 +569,16 @@ class ExpressionValues:
         """(argument, order, scope) for parameter ``binding``: what every call of the file passes, or only what
         ``passed.site`` passes when the parameter belongs to ``passed.callee`` (the call being followed; none
         when that call passes it by keyword-star or not at all)."""
-        arguments = list(self._param_arguments(binding))
+        arguments = list(self.param_arguments(binding))
         if passed is not None and passed.callee is binding.scope:
             return [a for a in arguments if a[1] == passed.site.order and a[2] is passed.site.scope][:1]
         return arguments
 
     def param_argument(self, binding: "Binding"):
         """(the argument, order, scope) the first call of the function passes for parameter ``binding``."""
-        return next(self._param_arguments(binding), None)
+        return next(self.param_arguments(binding), None)
 
-    def _param_arguments(self, binding: "Binding"):
+    def param_arguments(self, binding: "Binding"):
         """(argument, order, scope) for each call of the file that passes parameter ``binding``."""
         function, param = binding.scope, binding.target
         if not isinstance(function.node, cst.FunctionDef) or not isinstance(param, cst.Param):
@@ -577,6 +587,8 @@ class ExpressionValues:
             arg = self.argument_for(site, function, param)
             if arg is not None:
                 yield arg, site.order, site.scope
+
+    _param_arguments = param_arguments  # the old private name, for branches written before it became public
 
     def argument_for(self, site: "CallSite", function: "Scope", param: cst.Param) -> Optional[cst.BaseExpression]:
         """The argument the call ``site`` of the file's function ``function`` passes for its parameter ``param``:
@@ -603,6 +615,13 @@ class ExpressionValues:
         followed to what they iterate (their parameter's argument)."""
         if isinstance(loop.node, cst.For):
             return self.source_of(loop.iter, loop.order, loop.scope), loop.iter
+        pulled = self._next_in(loop)
+        if pulled is not None:
+            return self.source_of(pulled.value.args[0].value, pulled.order, pulled.scope), pulled.value
+        return None
+
+    def _next_in(self, loop) -> Optional["Binding"]:
+        """The binding of a ``while`` loop's items by ``next(it)`` (``batch = next(it)``), if any."""
         for bindings in (loop.scope.bindings.values() if loop.scope is not None else ()):
             for binding in bindings:
                 value = binding.value
@@ -610,7 +629,7 @@ class ExpressionValues:
                     loop.order < binding.order < loop.end_order
                     and isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "next" and value.args
                 ):
-                    return self.source_of(value.args[0].value, binding.order, binding.scope), value
+                    return binding
         return None
 
     def source_of(self, iterable: cst.BaseExpression, order: int, scope: "Scope", depth: int = 0) -> cst.BaseExpression:
@@ -643,9 +662,12 @@ class ExpressionValues:
                     for yielded in self.yields.get(id(callee), ()):
                         if yielded.kind == "yield from" and yielded.value is not None:
                             return self.source_of(yielded.value, yielded.order, yielded.scope, depth + 1)
-                        loop = next((f for f in reversed(self._loops_around(yielded)) if f.iter is not None), None)
-                        if loop is not None:
-                            return self.source_of(loop.iter, loop.order, loop.scope, depth + 1)
+                        for loop in reversed(self._loops_around(yielded)):
+                            if loop.iter is not None:
+                                return self.source_of(loop.iter, loop.order, loop.scope, depth + 1)
+                            pulled = self._next_in(loop)  # ``it = iter(dl)`` ... ``while True: yield next(it)``
+                            if pulled is not None:
+                                return self.source_of(pulled.value.args[0].value, pulled.order, pulled.scope, depth + 1)
         return iterable
 
     def _loops_around(self, site) -> list:

@@ -57,9 +57,19 @@ from gpudoctor.check.facts.values import (
 _LAUNCH_HINT = re.compile(
     r"accelerate\s+launch|torchrun|torch\.distributed\.(run|launch)|nproc_per_node|(?<![.\w])num_processes|"
     r"LOCAL_RANK|WORLD_SIZE|init_process_group|DistributedDataParallel|notebook_launcher|"
-    r"deepspeed\s+\S+\.py"
+    r"deepspeed(?:\s+-{1,2}\w[\w-]*(?:[= ][^\s-]\S*)?){0,12}\s+[\w./-]+\.py"
 )
+# A negation ending just before a launch hint (``don't use torchrun``, ``不要用 torchrun``, ``instead of
+# accelerate launch``): the comment names the launcher to say it is not used. Only the few words before the
+# hint on its line count (``_NEGATION_REACH`` characters), so "no GPU; run with torchrun" still is a hint.
+_NEGATED_LAUNCHER = re.compile(
+    r"(\b(do ?n[o']t|do not|never|not|no need (to|for)|without|instead of|rather than|avoid)\b|"
+    r"不要|不用|别|勿|无需|不需要|不能|而不是|而非)[^\n,;.，；。]{0,12}$",
+    re.IGNORECASE,
+)
+_NEGATION_REACH = 24
 # The process count a launch line states: ``--num_processes=1``, ``--nproc_per_node 1``, ``num_processes=1``.
+_HELPER_DEPTH = 3  # how many of the file's own functions to follow for a device map they return
 _STATED_COUNT = re.compile(r"""(num_processes|nproc[_-]per[_-]node|num_gpus)["']?\s*[=:\s]\s*["']?(\d+)\b""")
 # A test on the number of processes: ``PartialState().num_processes > 1``, ``world_size != 1``.
 _PROCESS_COUNT = re.compile(r"""(num_processes|world_size|WORLD_SIZE|get_world_size\(\))["'\])]*\s*(>\s*1|!=\s*1|>=\s*2)\b""")
@@ -113,6 +123,7 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
         self._instance_cache: dict[tuple[str, bool], Optional[apis.InstanceProfile]] = {}
         self._functions_by_name: Optional[dict[str, list[Scope]]] = None
         self._module_classes: Optional[set[str]] = None
+        self._temporaries: dict[int, Binding] = {}  # id(the one load of a single-use temporary) -> its binding
 
     # ---------------------------------------------------------------- questions for rules
 
@@ -189,6 +200,36 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
         out.sort(key=lambda c: c.order)
         return out
 
+    def trainer_base(self, class_name: str, depth: int = 0) -> Optional[str]:
+        """The qualified name of the transformers/trl trainer the file's class ``class_name`` derives from (through
+        the file's own classes: ``class BunnyTrainer(transformers.Trainer)``), else None."""
+        scope = self.classes.get(class_name)
+        if scope is None or depth > 5 or not isinstance(scope.node, cst.ClassDef):
+            return None
+        for base in scope.node.bases:
+            q = self.qualname(base.value) or ""
+            if q in apis.TRAINERS:
+                return q
+            if isinstance(base.value, cst.Name) and base.value.value in self.classes and base.value.value != class_name:
+                found = self.trainer_base(base.value.value, depth + 1)
+                if found is not None:
+                    return found
+        return None
+
+    def trainer_calls(self) -> list[CallSite]:
+        """Constructions of a transformers/trl trainer: the library classes and the file's subclasses of them
+        (``CustomTrainer(model=..., args=...)`` passes its arguments on to ``Trainer.__init__``)."""
+        found = self.__dict__.get("_trainer_calls")
+        if found is None:
+            found = list(self.calls_to(*apis.TRAINERS))
+            for site in self.calls:
+                func = site.node.func
+                if site.qualname is None and isinstance(func, cst.Name) and self.trainer_base(func.value) is not None:
+                    found.append(site)
+            found.sort(key=lambda c: c.order)
+            self.__dict__["_trainer_calls"] = found
+        return found
+
     def method_calls(self, *methods: str) -> Iterator[CallSite]:
         by_method = self.__dict__.get("_calls_by_method")
         if by_method is None:  # once per file (calls are in flow order, each list stays so)
@@ -246,7 +287,10 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
     def launch_hints(self) -> list[str]:
         """Evidence, from code or comments, that the file runs as several processes."""
         if self._launch_hints is None:
-            hints = sorted({m.group(0) for m in _LAUNCH_HINT.finditer(self.source) if not self._one_process_launch(m)})
+            hints = sorted({
+                m.group(0) for m in _LAUNCH_HINT.finditer(self.source)
+                if not self._one_process_launch(m) and not self._launcher_ruled_out(m)
+            })
             # ``if PartialState().num_processes > 1: raise SystemExit(...)``: the file refuses to run as
             # several processes, whatever its comments say about launchers.
             self._launch_hints = [] if hints and self._refuses_multi_process() else hints
@@ -258,6 +302,13 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
         end = self.source.find("\n", match.start())
         count = _STATED_COUNT.search(self.source, match.start(), len(self.source) if end < 0 else end)
         return count is not None and count.group(2) == "1"
+
+    def _launcher_ruled_out(self, match: re.Match) -> bool:
+        """The words just before the hint, on its own line, rule the launcher out: ``# python train.py (don't use
+        torchrun)``, ``# 单进程，不要用 torchrun``, ``# instead of accelerate launch``."""
+        line_start = self.source.rfind("\n", 0, match.start()) + 1
+        before = self.source[max(line_start, match.start() - _NEGATION_REACH):match.start()]
+        return _NEGATED_LAUNCHER.search(before) is not None
 
     def _refuses_multi_process(self) -> bool:
         for statement in self.module.body:
@@ -325,6 +376,14 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
         ]
         return max(stores, key=lambda a: a.order) if stores else None
 
+    def through_temporary(self, node: Optional[cst.CSTNode]) -> Optional[cst.CSTNode]:
+        """The expression a single-use temporary stands for (``tmp = model.to(device)`` ... ``tmp.eval()``:
+        ``model.to(device)``, as if written ``model.to(device).eval()``), through chains of them; any other
+        node as it is."""
+        while node is not None and id(node) in self._temporaries:
+            node = self._temporaries[id(node)].value
+        return node
+
     def assignment_of(self, node: Optional[cst.CSTNode], order: int, scope: Scope) -> Optional[Binding]:
         """The plain ``name = value`` (or ``self.x = value``) that ``node`` refers to at ``order``; None for
         anything else (a parameter, a loop target, an unpacking, an unknown name)."""
@@ -356,7 +415,7 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
         self._value_cache[key] = result
         return result
 
-    def device_map(self, node: Optional[cst.CSTNode], order: int, scope: Scope) -> Optional[DeviceMap]:
+    def device_map(self, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0) -> Optional[DeviceMap]:
         if node is None:
             return None
         text = string_value(node)
@@ -368,15 +427,20 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
             devices = set()
             keys = []
             for element in node.elements:
-                if not isinstance(element, cst.DictElement):
+                found = _device_literals(element.value) if isinstance(element, cst.DictElement) else None
+                if found is None:
                     return DeviceMap("unknown", node=node)
                 keys.append(string_value(element.key))
-                devices.add(_device_literal(element.value))
-            if None in devices:
-                return DeviceMap("unknown", node=node)
+                devices |= found
             if keys == [""]:
                 return DeviceMap("single", frozenset(devices), node=node)
             return DeviceMap("explicit", frozenset(devices), node=node, label="a device map")
+        if isinstance(node, cst.DictComp):
+            # ``{f"model.layers.{i}": 0 if i < 16 else "disk" for i in range(32)}``
+            found = _device_literals(node.value)
+            if found is None:
+                return DeviceMap("unknown", node=node)
+            return DeviceMap("explicit", frozenset(found), node=node, label="a device map")
         key = name_key(node)
         if key is not None:
             binding = self.binding_at(key, order, scope)
@@ -384,29 +448,64 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
                 # what the file's calls pass for the parameter, else its default (``device_map: str = "auto"``)
                 passed = self.param_argument(binding)
                 if passed is not None:
-                    return self.device_map(*passed)
+                    return self.device_map(*passed, depth)
                 if binding.target.default is not None:
-                    return self.device_map(binding.target.default, binding.order, binding.scope)
+                    return self.device_map(binding.target.default, binding.order, binding.scope, depth)
             if binding is None or binding.value is None or binding.kind not in ("assign",):
                 return DeviceMap("unknown", node=node)
-            inner = self.device_map(binding.value, binding.order, binding.scope)
+            inner = self.device_map(binding.value, binding.order, binding.scope, depth)
             if inner is None:
                 return None
             if isinstance(binding.value, cst.Call) and self.qualname(binding.value.func) in apis.INFER_DEVICE_MAP:
                 inner = DeviceMap("auto", node=binding.value, label="infer_auto_device_map(...)")
-            # ``device_map["lm_head"] = "disk"`` after the binding.
-            extra = set()
+            # ``device_map["lm_head"] = "disk"`` or ``device_map.update({...})`` after the binding.
+            extra: Optional[set] = set()
             for site in self.subscript_assigns:
                 if site.base_key == key and binding.order < site.order < order:
-                    extra.add(_device_literal(site.value))
-            if extra and None not in extra:
+                    found = _device_literals(site.value)
+                    extra = extra | found if extra is not None and found is not None else None
+            for site in self.method_calls("update"):
+                if name_key(site.receiver) == key and binding.order < site.order < order:
+                    given = site.arg(0)
+                    added = self.device_map(given, site.order, site.scope, depth) if given is not None else None
+                    found = set(added.devices) if added is not None and added.strategy in ("explicit", "single") else None
+                    for arg in site.node.args:
+                        if arg.keyword is not None:
+                            more = _device_literals(arg.value)
+                            found = found | more if found is not None and more is not None else None
+                    extra = extra | found if extra is not None and found is not None else None
+            if extra:
                 devices = frozenset(inner.devices | extra)
                 strategy = "explicit" if inner.strategy in ("explicit", "single") else inner.strategy
                 return DeviceMap(strategy, devices, node=inner.node, label=inner.label)
             return inner
         if isinstance(node, cst.Call) and self.qualname(node.func) in apis.INFER_DEVICE_MAP:
             return DeviceMap("auto", node=node, label="infer_auto_device_map(...)")
+        if isinstance(node, cst.Call) and depth < _HELPER_DEPTH:
+            returned = self._device_map_returned(node, depth)
+            if returned is not None:
+                return returned
         return DeviceMap("unknown", node=node)
+
+    def _device_map_returned(self, call: cst.Call, depth: int) -> Optional[DeviceMap]:
+        """The map the file's own function ``call`` runs returns (``device_map = build_map(n_layers)``), when
+        every ``return`` gives a known map of one strategy: their devices together."""
+        site = self.call_site(call)
+        if site is None:
+            return None
+        maps: list[DeviceMap] = []
+
+        def read(value, order, scope, _callee):
+            found = self.device_map(value, order, scope, depth + 1)
+            if found is None or found.strategy == "unknown":
+                return None
+            maps.append(found)
+            return found
+
+        if self.every_return(site, read) is None or len({m.strategy for m in maps}) != 1:
+            return None
+        first = maps[0]
+        return DeviceMap(first.strategy, frozenset().union(*(m.devices for m in maps)), node=first.node, label=first.label)
 
     def under_no_grad(self, context: tuple) -> bool:
         for frame in context:
@@ -814,6 +913,15 @@ _DTYPES = {
     "float64": "float64",
     "double": "float64",
 }
+
+
+def _device_literals(node: cst.CSTNode) -> Optional[set]:
+    """The devices a map's value can be: a literal, or either branch of ``0 if i < 16 else "disk"``."""
+    if isinstance(node, cst.IfExp):
+        body, orelse = _device_literals(node.body), _device_literals(node.orelse)
+        return body | orelse if body is not None and orelse is not None else None
+    found = _device_literal(node)
+    return {found} if found is not None else None
 
 
 def _device_literal(node: cst.CSTNode) -> Optional[str]:

@@ -1,9 +1,10 @@
 from __future__ import annotations
 
-from gpudoctor.check import apis
+import libcst as cst
+
 from gpudoctor.check.facts import TRAIT_DISPATCHED, TRAIT_OFFLOADED, FileFacts
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import multi_process_severity, snippet
+from gpudoctor.check.queries import device_map_chosen_per_launch, multi_process_severity, snippet
 from gpudoctor.check.rule import Rule
 
 
@@ -22,10 +23,10 @@ class PrepareDispatchedModel(Rule):
         targets = []
         for site in facts.prepare_calls():
             targets += [(arg.value, site, "accelerator.prepare") for arg in site.node.args]
-        for site in facts.calls_to(*apis.TRAINERS):
+        for site in facts.trainer_calls():
             model = site.arg(0, "model")
             if model is not None:
-                targets.append((model, site, site.qualname.split(".")[-1]))
+                targets.append((model, site, (site.qualname or snippet(facts, site.node.func)).split(".")[-1]))
         for node, site, where in targets:
             value = facts.value(node, site.order, site.scope)
             device_map = value.trait(TRAIT_DISPATCHED)
@@ -34,6 +35,9 @@ class PrepareDispatchedModel(Rule):
             if severity is Severity.INFO and not (device_map.certainly_dispatched or value.has(TRAIT_OFFLOADED)):
                 continue  # "auto" in one process may well be a single device: nothing to say
             placer = value.trait("dispatch_call") or value.origin().node or node
+            load = facts.call_site(placer) if isinstance(placer, cst.Call) else None
+            if load is not None and device_map_chosen_per_launch(facts, load):
+                continue  # ``device_map = None if ddp else "auto"``: each process gets a full copy when launched as several
             placed = snippet(facts, placer)
             if severity is Severity.ERROR:
                 message = (

@@ -162,7 +162,7 @@ class UnpreparedObjectUsed(Rule):
         for node, receiver, key, found_kind, order, scope in self._direct_training_uses(facts, kind):
             binding = facts.binding_at(key, order, scope)
             if binding is not None and binding.kind == "param" and binding.scope is not where:
-                for argument, call_order, call_scope in facts._param_arguments(binding):
+                for argument, call_order, call_scope in facts.param_arguments(binding):
                     passed = name_key(argument)
                     if passed is not None and call_order > after:
                         yield argument, argument, passed, found_kind, call_order, call_scope

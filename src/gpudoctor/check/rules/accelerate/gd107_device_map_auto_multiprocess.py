@@ -1,22 +1,15 @@
 from __future__ import annotations
 
-import re
-
 import libcst as cst
 
 from gpudoctor.check import apis
-from gpudoctor.check.facts import FileFacts, IfFrame, call_arg, name_key
+from gpudoctor.check.facts import FileFacts, call_arg, name_key
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import snippet, trained_models
+from gpudoctor.check.queries import device_map_chosen_per_launch, snippet, trained_models
 from gpudoctor.check.rule import Rule
 
 # An ``if`` that picks the map per launch mode: the author already handles several processes.
 # Whole identifier parts only: `local_rank`, `is_main_process`, `num_processes`, but not `preprocess`.
-_LAUNCH_TEST = re.compile(
-    r"(?<![a-z])(?:rank|world|ddp|distributed|process(?:es)?|num_gpus|device_count)(?![a-z])", re.IGNORECASE
-)
-
-
 class DeviceMapAutoMultiprocess(Rule):
     """``device_map="auto"`` (or balanced/sequential/an inferred map) in a file launched as several
     processes: every rank spreads its own copy over all visible GPUs, and training it raises in
@@ -49,7 +42,7 @@ class DeviceMapAutoMultiprocess(Rule):
             device_map = facts.device_map(expr, site.order, site.scope)
             if device_map is None or device_map.strategy != "auto":
                 continue
-            if self._chosen_per_launch(facts, site, expr):
+            if device_map_chosen_per_launch(facts, site, expr):
                 continue
             label = device_map.label or snippet(facts, expr)
             bound = [b for b in facts._bindings_of_value(site.node) if b.kind == "assign"]
@@ -79,40 +72,3 @@ class DeviceMapAutoMultiprocess(Rule):
                 if name_key(arg.value) in keys:
                     return True
         return False
-
-    @staticmethod
-    def _chosen_per_launch(facts: FileFacts, site, expr: cst.BaseExpression) -> bool:
-        """The map (or the load) depends on the launch mode: an ``if`` on rank/world size, or a name bound
-        to different maps (bound twice to the same "auto" is no choice)."""
-        frames = list(site.context)
-        if call_arg(site.node, keyword="device_map") is not expr:  # from a ``**kwargs`` dict: where it was filled
-            for contents in facts.kwargs_contents(site.node, site.order, site.scope):
-                if contents.bindings:
-                    binding = contents.bindings[-1]
-                    frames += list(binding.context)
-                    if sum(b.kind != "param" for b in binding.scope.bindings.get(binding.key, [])) > 1:
-                        return True  # ``kwargs = {...}`` bound twice (per launch mode, say)
-                frames += [f for entry in contents.entries.values() for f in entry.context]
-        key = name_key(expr)
-        if key is not None:
-            binding = facts.binding_at(key, site.order, site.scope)
-            if binding is None:
-                return True
-            frames += list(binding.context)
-            scope_bindings = binding.scope.bindings.get(key, [])
-            assigned = [b for b in scope_bindings if b.kind != "param"]
-            if len(assigned) > 1 and not all(_same_auto_map(facts, b) for b in assigned):
-                return True
-            if any(b.kind == "param" for b in scope_bindings):
-                return True
-        return any(
-            isinstance(f, IfFrame) and _LAUNCH_TEST.search(facts.module.code_for_node(f.test)) for f in frames
-        )
-
-
-def _same_auto_map(facts: FileFacts, binding) -> bool:
-    """The binding stores an automatic map (``"auto"``, ``"balanced"`` ...), not a per-rank one."""
-    if binding.value is None:
-        return False
-    device_map = facts.device_map(binding.value, binding.order, binding.scope)
-    return device_map is not None and device_map.strategy == "auto"

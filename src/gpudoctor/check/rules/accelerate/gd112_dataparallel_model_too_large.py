@@ -4,7 +4,7 @@ from gpudoctor import hardware
 from gpudoctor.check import apis
 from gpudoctor.check.facts import TRAIT_DISPATCHED, TRAIT_PEFT, TRAIT_QUANTIZED, FileFacts, call_arg
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import _parameters_owner, checkpoint_name, params_from_name, snippet, stated_gpus, weight_bytes
+from gpudoctor.check.queries import _parameters_owner, checkpoint_name, params_from_name, sets_requires_grad, snippet, stated_gpus, weight_bytes
 from gpudoctor.check.rule import Rule
 
 _GIB = 1024**3
@@ -22,7 +22,7 @@ class DataParallelModelTooLarge(Rule):
     triggers = ("DataParallel",)
 
     def check(self, facts: FileFacts):
-        if "requires_grad" in facts.source:
+        if sets_requires_grad(facts):
             return  # parameters are frozen somewhere: the trained part is unknown
         for site in facts.calls_to(*apis.DATA_PARALLEL):
             module = call_arg(site.node, 0, "module")

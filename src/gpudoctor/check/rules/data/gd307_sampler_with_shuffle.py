@@ -72,7 +72,7 @@ def _sampler_constructions(facts: FileFacts, node, order: int, scope, depth: int
         return
     for binding in _reaching_bindings(facts, key, order, scope):
         if binding.kind == "param":
-            for argument, at, where in facts._param_arguments(binding):
+            for argument, at, where in facts.param_arguments(binding):
                 yield from _sampler_constructions(facts, argument, at, where, depth + 1)
             if binding.value is not None:
                 yield from _sampler_constructions(facts, binding.value, binding.order, binding.scope, depth + 1)

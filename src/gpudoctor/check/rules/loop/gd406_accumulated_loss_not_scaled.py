@@ -19,6 +19,11 @@ from gpudoctor.check.rules.loop._common import (
 )
 
 
+def _is_scale_call(node: Optional[cst.CSTNode]) -> bool:
+    """``scaler.scale(loss)``: GradScaler's scaled loss, whose backward accumulates the loss's gradient."""
+    return isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "scale"
+
+
 def _divides(node: Optional[cst.CSTNode]) -> bool:
     if isinstance(node, cst.BinaryOperation):
         if isinstance(node.operator, (cst.Divide, cst.FloorDivide, cst.Multiply)):
@@ -159,8 +164,12 @@ class AccumulatedLossNotScaled(Rule):
             if "gradient_accumulation_steps" in kwargs:
                 return None  # accelerator.backward divides by the configured steps
             return call_arg(backward.node, 0, "loss")
-        if isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute) and receiver.func.attr.value == "scale":
-            return call_arg(receiver, 0)
+        scaled = receiver
+        binding = facts.assignment_of(receiver, backward.order, backward.scope)
+        if binding is not None and _is_scale_call(binding.value):
+            scaled = binding.value  # ``scaled = scaler.scale(loss)`` ... ``scaled.backward()``
+        if _is_scale_call(scaled):
+            return call_arg(scaled, 0)
         return receiver
 
     @staticmethod

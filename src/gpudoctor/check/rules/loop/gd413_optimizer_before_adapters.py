@@ -167,9 +167,34 @@ def _model_key_in(facts: FileFacts, owner: cst.BaseExpression, site, holder) -> 
         return key
     binding = facts.binding_at(key, site.order, site.scope)
     if binding is None or binding.kind != "param":
-        return key
-    passed = [name_key(arg) for arg, _, scope in facts._param_arguments(binding) if scope is holder.scope]
+        # ``model, optimizer = load_pretrain(...)``: the helper returns its model next to the optimizer
+        return _unpacked_with(facts, owner, site, holder) or key
+    passed = [name_key(arg) for arg, _, scope in facts.param_arguments(binding) if scope is holder.scope]
     return passed[0] if len(set(passed)) == 1 else None
+
+
+def _unpacked_with(facts: FileFacts, owner: cst.BaseExpression, site, holder) -> Optional[str]:
+    """``net, opt = load_pretrain(...)`` where the helper ends ``return model, optimizer``: the name the holder's
+    scope unpacks the helper's model into (the element returned next to the optimizer)."""
+    owner_key = name_key(owner)
+    call = facts.call_site(holder.value) if holder.kind == "unpack" and isinstance(holder.value, cst.Call) else None
+    if call is None or owner_key is None:
+        return None
+    siblings = [
+        b for bindings in holder.scope.bindings.values() for b in bindings
+        if b is not holder and b.kind == "unpack" and b.value is holder.value and b.index is not None
+    ]
+    for callee in facts.callee_scopes(call):
+        if callee is not site.scope:
+            continue
+        for ret in facts.returns.get(id(callee), ()):
+            if not isinstance(ret.value, cst.Tuple):
+                continue
+            elements = [e.value for e in ret.value.elements]
+            for other in siblings:
+                if other.index < len(elements) and name_key(elements[other.index]) == owner_key:
+                    return other.key
+    return None
 
 
 def _timelines(facts: FileFacts, class_name: str, methods) -> list[list[tuple]]:

@@ -7,7 +7,7 @@ import libcst as cst
 
 from gpudoctor.check.facts import CallSite, FileFacts, LoopFrame, Scope, name_key
 from gpudoctor.check.finding import Applicability, Edit, Fix, Severity
-from gpudoctor.check.queries import snippet
+from gpudoctor.check.queries import sets_requires_grad, snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.memory._common import (
     EVAL_FUNCTION,
@@ -22,7 +22,7 @@ from gpudoctor.check.rules.memory._common import (
 )
 
 _LIGHTNING = re.compile(r"^\s*(import|from)\s+(pytorch_lightning|lightning)\b", re.MULTILINE)
-_NEEDS_GRAD = re.compile(r"requires_grad|\.grad\b|autograd\.(grad|backward)\b")
+_READS_GRADIENTS = re.compile(r"\.grad\b|autograd\.(grad|backward)\b")
 
 
 class EvalWithoutNoGrad(Rule):
@@ -40,7 +40,7 @@ class EvalWithoutNoGrad(Rule):
     triggers = ("eval", "val", "predict", "infer")
 
     def check(self, facts: FileFacts):
-        if _NEEDS_GRAD.search(facts.source):
+        if sets_requires_grad(facts) or _READS_GRADIENTS.search(facts.source):
             return  # gradients of inputs or frozen parameters: what autograd must record is unknown
         lightning = bool(_LIGHTNING.search(facts.source))
         seen_loops: set[int] = set()

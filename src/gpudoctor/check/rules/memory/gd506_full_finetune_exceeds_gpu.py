@@ -9,7 +9,7 @@ from gpudoctor import hardware
 from gpudoctor.check import apis
 from gpudoctor.check.facts import TRAIT_DISPATCHED, TRAIT_PEFT, TRAIT_QUANTIZED, FileFacts
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import checkpoint_name, params_from_name, stated_gpus, trained_models, weight_bytes
+from gpudoctor.check.queries import checkpoint_name, params_from_name, sets_requires_grad, stated_gpus, trained_models, weight_bytes
 from gpudoctor.check.rule import Rule
 
 _GB = 1e9
@@ -33,7 +33,7 @@ class FullFinetuneExceedsGpu(Rule):
     triggers = ("from_pretrained",)
 
     def check(self, facts: FileFacts):
-        if "requires_grad" in facts.source or any(c.qualname in apis.DATA_PARALLEL for c in facts.calls):
+        if sets_requires_grad(facts) or any(c.qualname in apis.DATA_PARALLEL for c in facts.calls):
             return  # frozen parts (unknown trained size), or DataParallel (GD112 speaks)
         gpus = hardware.for_file(stated_gpus(facts.source, model_names=True))
         sharded_in_file = bool(_SHARDED.search(facts.source))

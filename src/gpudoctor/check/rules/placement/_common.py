@@ -726,10 +726,20 @@ def accelerator_device(facts: FileFacts, node: Optional[cst.CSTNode], order: int
         return accelerator_device(facts, call_arg(node, 0, "type"), order, scope, depth + 1)
     if isinstance(node, cst.Attribute) and node.attr.value == "device":
         return on_accelerator(facts, node.value, order, scope, depth + 1) is not None
-    # a device handed in as a parameter: every call of the file passes one
-    return bool(facts.through_name(
-        lambda *source: accelerator_device(facts, *source, depth + 1), node, order, scope, attributes=True
-    ))
+    # a name bound to one, a device handed in as a parameter (every call of the file passes one), a helper's return
+    sources = device_sources(facts, node, order, scope)
+    return bool(sources) and all(accelerator_device(facts, *source, depth + 1) for source in sources)
+
+
+def device_sources(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope) -> list:
+    """(expression, order, scope) that a device expression stands for, one step back: the value of the name
+    (``self.x`` too), what every call of the file passes for a parameter, what the file's own helper returns
+    (``device = get_device()``); empty when none is shown."""
+    if isinstance(node, cst.Call) and _own_function_call(facts, node):
+        site = facts.call_site(node)
+        return [(r.value, r.order, r.scope) for callee in facts.callee_scopes(site)
+                for r in facts.returns.get(id(callee), ()) if r.value is not None]
+    return facts.follow_name(node, order, scope, attributes=True) or []
 
 
 # ------------------------------------------------------------------------------------ modules without tensors

@@ -84,7 +84,7 @@ class OptimizerStateLoadedBeforeMove(Rule):
             return
         binding = next(iter(function.bindings.get(model_key, ())), None)
         if binding is not None and binding.kind == "param":
-            for arg, order, scope in facts._param_arguments(binding):
+            for arg, order, scope in facts.param_arguments(binding):
                 key = name_key(arg)
                 if key is not None:
                     yield key, order, scope

@@ -29,10 +29,10 @@ class InputsToOffloadedModelDevice(Rule):
                     continue
                 if arg.keyword is None and site.method != "to":
                     continue
-                target, order, scope = self._model_device(facts, arg.value, site.order, site.scope)
+                target, model, order, scope = self._model_device(facts, arg.value, site.order, site.scope)
                 if target is None:
                     continue
-                value = facts.value(target.value, order, scope)
+                value = facts.value(model, order, scope)
                 if value.kind != "model":
                     continue
                 device_map = value.trait("device_map")
@@ -47,31 +47,33 @@ class InputsToOffloadedModelDevice(Rule):
                            "execution device, so accelerate offloads it")
                 else:
                     continue
-                owner = snippet(facts, target.value, 30)
                 yield self.report(
                     arg.value,
-                    f"`{owner}.device` is the device of the model's first parameter, and {why}: that parameter is a "
+                    f"`{snippet(facts, target, 40)}` is the device of the model's first parameter, and {why}: that parameter is a "
                     f"`meta` placeholder, so `{snippet(facts, site.node, 50)}` targets `meta` and the forward raises "
                     "\"NotImplementedError: Cannot copy out of meta tensor; no data!\" (`generate`: \"Tensor.item() "
                     "cannot be called on meta tensors\").",
                     fix_hint="Leave the inputs on the CPU (the accelerate hooks move them), or send them to the first "
                     "GPU of the map (e.g. `.to(0)`).",
-                    related=() if target is arg.value else ((target, f"`{snippet(facts, arg.value, 20)}` is `{owner}.device`"),),
+                    related=() if target is arg.value else ((target, f"`{snippet(facts, arg.value, 20)}` is `{snippet(facts, target, 40)}`"),),
                 )
 
     @staticmethod
     def _model_device(facts: FileFacts, node, order: int, scope):
-        """(the ``<model>.device`` expression, its order, its scope) that ``node`` is, directly or through names
-        (``device = model.device``, ``self.device = self.model.device``); (None, ...) otherwise."""
+        """(the expression giving the model's first-parameter device, the model, its order, its scope) that
+        ``node`` is, directly or through names (``device = model.device``, ``self.device = self.model.device``):
+        ``model.device``, or the first parameter spelled out, ``next(model.parameters()).device`` (also through
+        ``iter(...)``, or ``list(model.parameters())[0].device``); (None, None, ...) otherwise."""
         for _ in range(4):
-            if (isinstance(node, cst.Attribute) and node.attr.value == "device"
-                    and facts.value(node.value, order, scope).kind == "model"):
-                return node, order, scope
+            if isinstance(node, cst.Attribute) and node.attr.value == "device":
+                model = _first_parameter_owner(node.value) or node.value
+                if facts.value(model, order, scope).kind == "model":
+                    return node, model, order, scope
             binding = facts.assignment_of(node, order, scope)
             if binding is None or binding.value is None:
                 break
             node, order, scope = binding.value, binding.order, binding.scope
-        return None, order, scope
+        return None, None, order, scope
 
     def _first_entry(self, facts: FileFacts, device_map: Optional[DeviceMap]) -> Optional[tuple[str, str]]:
         if device_map is None or device_map.strategy != "explicit" or not isinstance(device_map.node, cst.Dict):
@@ -94,3 +96,31 @@ class InputsToOffloadedModelDevice(Rule):
 
 _FIRST_MODULE_WORDS = ("embed", "wte", "word_embeddings", "shared")
 _WHOLE_BODY = {"model", "transformer", "gpt_neox", "base_model", "model.model", "encoder", "model.decoder"}
+
+
+def _first_parameter_owner(node) -> Optional[cst.BaseExpression]:
+    """``model`` for ``next(model.parameters())``, ``next(iter(model.parameters()))`` and
+    ``list(model.parameters())[0]``: the first parameter, whose device ``model.device`` also reports."""
+    if isinstance(node, cst.Subscript) and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
+        index = node.slice[0].slice.value
+        if isinstance(index, cst.Integer) and index.value == "0" and _called(node.value, "list"):
+            node = node.value.args[0].value
+            return _parameters_receiver(node)
+        return None
+    if _called(node, "next"):
+        inner = node.args[0].value
+        if _called(inner, "iter"):
+            inner = inner.args[0].value
+        return _parameters_receiver(inner)
+    return None
+
+
+def _called(node, name: str) -> bool:
+    return isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == name and len(node.args) >= 1
+
+
+def _parameters_receiver(node) -> Optional[cst.BaseExpression]:
+    if (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "parameters"
+            and not node.args):
+        return node.func.value
+    return None
