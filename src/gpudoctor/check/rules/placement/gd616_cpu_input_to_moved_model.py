@@ -30,7 +30,6 @@ from gpudoctor.check.rules.placement._common import (
     method_scopes,
     module_classes,
     on_accelerator,
-    parents,
     wrapper_moves_inputs,
 )
 
@@ -70,13 +69,20 @@ class CpuInputToMovedModel(Rule):
             move = self._accelerator_move(facts, model, site)
             if move is None or not self._forward_keeps_inputs(facts, model, site):
                 continue
-            for arg in inputs:
+            hf_model = self._transformers_model(facts, model)
+            for index, (arg, keyword) in enumerate(inputs):
+                if hf_model and keyword == "labels":
+                    continue  # transformers' loss moves the labels to the logits' device
                 evidence = self._cpu_input(facts, arg, site)
                 if evidence is None:
                     continue
                 origin, why = evidence
-                if self._helper_result_beside_placed_input(facts, site, arg, origin, inputs):
-                    break  # GD614 reports a helper's CPU tensor that meets a placed input of the same call
+                if self._another_input_placed(facts, site, arg, [a for a, _ in inputs]) and (
+                    index > 0 or facts._position_of(origin)[1] is not site.scope
+                ):
+                    # a helper's CPU tensor beside a placed input: GD614's finding; a later input left on the CPU
+                    # while the first is moved: deliberate (``pack_padded_sequence`` lengths must be on the CPU)
+                    break
                 model_text = snippet(facts, model_expr, 30)
                 input_text = snippet(facts, arg, 40)
                 yield self.report(
@@ -95,28 +101,25 @@ class CpuInputToMovedModel(Rule):
     # ---------------------------------------------------------------------------------------- the call
 
     @staticmethod
-    def _model_call(facts: FileFacts, site) -> tuple[Optional[cst.CSTNode], list[cst.BaseExpression]]:
-        """(the model, its tensor inputs as passed): ``model(x, y)`` (positional and keyword arguments), or the model
-        and example inputs of a tracing exporter (``torch.onnx.export(model, img, path)``)."""
+    def _model_call(facts: FileFacts, site) -> tuple[Optional[cst.CSTNode], list[tuple[cst.BaseExpression, Optional[str]]]]:
+        """(the model, its inputs as passed with their keywords): ``model(x, y)`` (positional and keyword arguments),
+        or the model and example inputs of a tracing exporter (``torch.onnx.export(model, img, path)``)."""
         if site.qualname in _TRACING:
             model = call_arg(site.node, 0)
             example = call_arg(site.node, _TRACING[site.qualname])
             if model is None or example is None:
                 return None, []
             parts = [e.value for e in example.elements] if isinstance(example, cst.Tuple) else [example]
-            return model, parts
+            return model, [(part, None) for part in parts]
         if site.qualname is not None or name_key(site.node.func) is None:
             return None, []
         if any(a.star for a in site.node.args):
             return None, []  # ``model(*batch)`` / ``model(**batch)``: what lands where is not shown
-        return site.node.func, [a.value for a in site.node.args]
+        return site.node.func, [(a.value, a.keyword.value if a.keyword is not None else None) for a in site.node.args]
 
     @staticmethod
-    def _helper_result_beside_placed_input(facts: FileFacts, site, arg, origin, inputs) -> bool:
-        """The CPU input was built in another function (the file's helper) and another input of the call is shown
-        on an accelerator: GD614's finding (helper-cpu-tensor-meets-gpu)."""
-        if facts._position_of(origin)[1] is site.scope:
-            return False
+    def _another_input_placed(facts: FileFacts, site, arg, inputs) -> bool:
+        """Another input of the call is shown on an accelerator."""
         for other in inputs:
             if other is arg:
                 continue
@@ -163,8 +166,8 @@ class CpuInputToMovedModel(Rule):
         class_name = str(model.trait("class") or "")
         if not class_name or class_name.endswith("Loss"):
             return False
-        if holds_no_tensors(facts, site.node.func, site.order, site.scope):
-            return False
+        if holds_no_tensors(facts, site.node.func, site.order, site.scope) or "forward_pre_hook" in facts.source:
+            return False  # a forward pre-hook may move the inputs
         origin = model.origin().node
         q = facts.qualname(origin.func) if isinstance(origin, cst.Call) else None
         if class_name in module_classes(facts) and q is None:
@@ -180,7 +183,14 @@ class CpuInputToMovedModel(Rule):
             return True
         if parts[0] == "torchvision":
             return True
-        owner_method = apis.hf_class_method(q)
+        return self._transformers_model(facts, model)
+
+    @staticmethod
+    def _transformers_model(facts: FileFacts, model) -> bool:
+        """Loaded by a transformers model class's ``from_pretrained`` / ``from_config``."""
+        origin = model.origin().node
+        q = facts.qualname(origin.func) if isinstance(origin, cst.Call) else None
+        owner_method = apis.hf_class_method(q) if q else None
         return bool(owner_method and owner_method[1] in ("from_pretrained", "from_config") and apis.is_model_class(owner_method[0]))
 
     @staticmethod
@@ -334,7 +344,10 @@ class CpuInputToMovedModel(Rule):
         if not isinstance(dataset, cst.Call):
             return None
         q = facts.qualname(dataset.func) or ""
-        if q.startswith("torchvision.datasets.") and not _lambda_moves_tensors(facts):
+        if q.startswith("torchvision.datasets.") and all(
+            _torchvision_steps(facts, arg.value, order, scope) for arg in dataset.args if arg.keyword is not None
+            and arg.keyword.value in ("transform", "target_transform", "transforms")
+        ) and not any(arg.star for arg in dataset.args):
             return f"`{q.split('.')[-1]}` (torchvision builds its samples on the CPU)"
         if q == "torch.utils.data.TensorDataset":
             tensors = [a.value for a in dataset.args if a.keyword is None]
@@ -380,18 +393,19 @@ def _literal_scalar(facts: FileFacts, origin: cst.CSTNode) -> bool:
     return isinstance(first, (cst.Integer, cst.Float))
 
 
-def _lambda_moves_tensors(facts: FileFacts) -> bool:
-    """A ``lambda`` of the file moves a tensor (``transforms.Lambda(lambda x: x.cuda())``): a dataset's transform
-    may put its samples on the GPU."""
-    for site in facts.calls:
-        if site.method in PLACING_METHODS and any(isinstance(n, cst.Lambda) for n in _ancestors(facts, site.node)):
-            return True
-    return False
-
-
-def _ancestors(facts: FileFacts, node: cst.CSTNode):
-    up = parents(facts, facts.module)
-    current = up.get(id(node))
-    while current is not None:
-        yield current
-        current = up.get(id(current))
+def _torchvision_steps(facts: FileFacts, node: cst.BaseExpression, order: int, scope: Scope) -> bool:
+    """A dataset transform made only of torchvision's own steps (``transforms.Compose([transforms.ToTensor(), ...])``),
+    none a ``Lambda`` or a class of the file's that could move the sample."""
+    built = facts.built_by(node, order, scope)
+    if not isinstance(built, cst.Call):
+        return False
+    q = facts.qualname(built.func) or ""
+    if not q.startswith("torchvision.transforms.") or q.endswith(".Lambda"):
+        return False
+    if q.endswith(".Compose"):
+        steps = call_arg(built, 0, "transforms")
+        if not isinstance(steps, (cst.List, cst.Tuple)):
+            return False
+        at = facts._position_of(built)
+        return all(_torchvision_steps(facts, step.value, *at) for step in steps.elements)
+    return True
