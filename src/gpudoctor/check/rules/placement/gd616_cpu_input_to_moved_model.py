@@ -13,6 +13,7 @@ from gpudoctor.check.facts import (
     FileFacts,
     IfFrame,
     Scope,
+    WithFrame,
     call_arg,
     name_key,
 )
@@ -30,6 +31,7 @@ from gpudoctor.check.rules.placement._common import (
     method_scopes,
     module_classes,
     on_accelerator,
+    parents,
     wrapper_moves_inputs,
 )
 
@@ -57,7 +59,7 @@ class CpuInputToMovedModel(Rule):
     triggers = (".to(", ".cuda(")
 
     def check(self, facts: FileFacts):
-        if file_sets_default_device(facts):
+        if file_sets_default_device(facts) or _device_context(facts):
             return
         for site in facts.calls:
             model_expr, inputs = self._model_call(facts, site)
@@ -247,12 +249,29 @@ class CpuInputToMovedModel(Rule):
         if order == 1 << 30:  # not a name or call itself (``x.squeeze(1)`` is a call; ``-x`` is not): the call's place
             order, scope = site.order, site.scope
         computed = cpu_computed(facts, arg, order, scope)
+        if computed is not None and self._bound_in_try(facts, arg, order, scope):
+            return None  # ``try: x = x.cuda() except ...: x = ...``: the last binding is one path among others
         if computed is not None:
             origin = computed[0]
             if _literal_scalar(facts, origin):
                 return None  # ``torch.tensor(0.5)``: a 0-dim scalar, which some forwards only multiply with
             return origin, f"`{snippet(facts, origin, 50)}` has no `device=`"
         return self._unmoved_loader_part(facts, arg, site)
+
+    @staticmethod
+    def _bound_in_try(facts: FileFacts, arg, order: int, scope: Scope) -> bool:
+        """The name's binding at the call is made inside a ``try`` statement (its body, a handler, ``else``)."""
+        key = name_key(arg)
+        binding = facts.binding_at(key, order, scope) if key is not None else None
+        if binding is None:
+            return False
+        up = parents(facts, facts.module)
+        node = up.get(id(binding.target))
+        while node is not None and not isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            if isinstance(node, (cst.Try, cst.TryStar)):
+                return True
+            node = up.get(id(node))
+        return False
 
     def _unmoved_loader_part(self, facts: FileFacts, arg: cst.BaseExpression, site) -> Optional[tuple[cst.CSTNode, str]]:
         """``for x, y in loader: model(x)`` (through ``enumerate``/``zip``/``tqdm``/``iter``/``next``) where ``x`` is
@@ -391,6 +410,11 @@ def _literal_scalar(facts: FileFacts, origin: cst.CSTNode) -> bool:
     while isinstance(first, cst.UnaryOperation):
         first = first.expression
     return isinstance(first, (cst.Integer, cst.Float))
+
+
+def _device_context(facts: FileFacts) -> bool:
+    """``with torch.device("cuda"):``: creations without ``device=`` inside land on that device."""
+    return any(isinstance(frame, WithFrame) and frame.qualname == "torch.device" for site in facts.calls for frame in site.context)
 
 
 def _torchvision_steps(facts: FileFacts, node: cst.BaseExpression, order: int, scope: Scope) -> bool:
