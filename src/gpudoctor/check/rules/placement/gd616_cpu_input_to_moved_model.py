@@ -24,6 +24,7 @@ from gpudoctor.check.rules.placement._common import (
     CREATION,
     INPUT_MOVING_WRAPPERS,
     PLACING_METHODS,
+    SAME_DEVICE_METHODS,
     accelerator_device,
     cpu_computed,
     file_sets_default_device,
@@ -256,6 +257,9 @@ class CpuInputToMovedModel(Rule):
             if _literal_scalar(facts, origin):
                 return None  # ``torch.tensor(0.5)``: a 0-dim scalar, which some forwards only multiply with
             return origin, f"`{snippet(facts, origin, 50)}` has no `device=`"
+        image = _image_to_tensor(facts, arg, order, scope)
+        if image is not None:
+            return image, f"`{snippet(facts, image, 50)}` turns an image into a CPU tensor"
         return self._unmoved_loader_part(facts, arg, site)
 
     @staticmethod
@@ -410,6 +414,43 @@ def _literal_scalar(facts: FileFacts, origin: cst.CSTNode) -> bool:
     while isinstance(first, cst.UnaryOperation):
         first = first.expression
     return isinstance(first, (cst.Integer, cst.Float))
+
+
+# torchvision steps that only take a PIL image or a numpy array (a tensor raises), so what they give is on the CPU.
+_IMAGE_TO_TENSOR = {"torchvision.transforms.ToTensor", "torchvision.transforms.PILToTensor",
+                    "torchvision.transforms.functional.to_tensor", "torchvision.transforms.functional.pil_to_tensor"}
+
+
+def _image_to_tensor(facts: FileFacts, node, order: int, scope: Scope, depth: int = 0) -> Optional[cst.Call]:
+    """The call that turns an image into a CPU tensor behind ``node``: ``tfms(img)`` where ``tfms`` is a torchvision
+    ``ToTensor``/``PILToTensor`` or a ``Compose`` of torchvision steps holding one, ``TF.to_tensor(img)``; followed
+    through names (never moved: ``x = x.to(...)`` stops it) and views or casts with literal arguments
+    (``.unsqueeze(0)``, ``.float()``)."""
+    if node is None or depth > 6:
+        return None
+    if isinstance(node, cst.Call):
+        func = node.func
+        if isinstance(func, cst.Attribute) and facts.qualname(func) is None:
+            literal = all(isinstance(a.value, (cst.Integer, cst.UnaryOperation)) for a in node.args)
+            if func.attr.value in SAME_DEVICE_METHODS and literal:
+                return _image_to_tensor(facts, func.value, order, scope, depth + 1)
+            return None
+        if facts.qualname(func) in _IMAGE_TO_TENSOR:
+            return node
+        built = func if isinstance(func, cst.Call) else facts.built_by(func, order, scope)
+        q = facts.qualname(built.func) if isinstance(built, cst.Call) else None
+        if q in _IMAGE_TO_TENSOR:
+            return node
+        if q and q.endswith(".Compose") and _torchvision_steps(facts, built, *facts._position_of(built)):
+            steps = call_arg(built, 0, "transforms")
+            if any(isinstance(step.value, cst.Call) and facts.qualname(step.value.func) in _IMAGE_TO_TENSOR
+                   for step in steps.elements):
+                return node
+        return None
+    binding = facts.assignment_of(node, order, scope)
+    if binding is None or binding.key.startswith("self."):
+        return None
+    return _image_to_tensor(facts, binding.value, binding.order, binding.scope, depth + 1)
 
 
 def _device_context(facts: FileFacts) -> bool:
