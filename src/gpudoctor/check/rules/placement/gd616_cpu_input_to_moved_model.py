@@ -91,7 +91,7 @@ class CpuInputToMovedModel(Rule):
                 yield self.report(
                     site.node,
                     f"`{model_text}` is on an accelerator (`{snippet(facts, move, 50)}`), but its input "
-                    f"`{input_text}` is on the CPU ({why}): a module does not move its inputs, so torch raises "
+                    f"`{input_text}` is on the CPU ({why}): a module does not move its inputs, so torch raises (on CUDA) "
                     "\"RuntimeError: Expected all tensors to be on the same device, but found at least two devices, "
                     "cuda:0 and cpu!\" (a convolution: \"Input type (torch.FloatTensor) and weight type "
                     "(torch.cuda.FloatTensor) should be the same ...\")",
