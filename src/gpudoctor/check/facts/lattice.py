@@ -162,6 +162,8 @@ class ExpressionValues:
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
             # ``sampler = UniformSampler(n)`` ... ``sampler.sample(b)``: a method of an instance of the file's class
             binding = self.binding_at(func.value.value, site.order, site.scope)
+            if binding is not None and binding.kind == "param":
+                binding = self._passed_instance(binding)
             made = binding.value if binding is not None and binding.kind == "assign" else None
             if isinstance(made, cst.Call) and isinstance(made.func, cst.Name) and made.func.value in self.classes:
                 return [s for s in self._functions_by_name.get(func.attr.value, ()) if s.class_name == made.func.value]
@@ -171,6 +173,25 @@ class ExpressionValues:
             if made in self.classes:
                 return [s for s in self._functions_by_name.get(func.attr.value, ()) if s.class_name == made]
         return []
+
+    def _passed_instance(self, binding: "Binding") -> Optional["Binding"]:
+        """``def train(env, agent): agent.get_action(s)``: the binding of the name the caller passes for the parameter
+        (followed through up to 4 parameters). Finding the caller asks for call sites, which ask for callees again:
+        while one such question is open, parameters are not followed (None)."""
+        if self.__dict__.get("_following_passed_instance"):
+            return None
+        self.__dict__["_following_passed_instance"] = True
+        try:
+            for _hop in range(4):
+                if binding is None or binding.kind != "param":
+                    return binding
+                passed = self.param_argument(binding)
+                if passed is None or not isinstance(passed[0], cst.Name):
+                    return None
+                binding = self.binding_at(passed[0].value, passed[1], passed[2])
+            return None
+        finally:
+            self.__dict__["_following_passed_instance"] = False
 
     def every_return(self, site: "CallSite", read: Callable[..., Any], path: tuple[int, ...] = ()) -> Any:
         """``read(value, order, scope, callee)`` of what every ``return`` of the file's function(s) ``site`` calls

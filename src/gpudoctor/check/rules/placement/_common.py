@@ -725,7 +725,11 @@ def accelerator_device(facts: FileFacts, node: Optional[cst.CSTNode], order: int
     if isinstance(node, cst.Call) and facts.qualname(node.func) == "torch.device":
         return accelerator_device(facts, call_arg(node, 0, "type"), order, scope, depth + 1)
     if isinstance(node, cst.Attribute) and node.attr.value == "device":
-        return on_accelerator(facts, node.value, order, scope, depth + 1) is not None
+        if on_accelerator(facts, node.value, order, scope, depth + 1) is not None:
+            return True
+        if not (name_key(node) or "").startswith("self."):
+            return False  # ``x.device`` of a tensor not shown on an accelerator
+        # ``self.device``: an attribute of the file's object, bound like any name (``self.device = torch.device(...)``)
     # a name bound to one, a device handed in as a parameter (every call of the file passes one), a helper's return
     sources = device_sources(facts, node, order, scope)
     return bool(sources) and all(accelerator_device(facts, *source, depth + 1) for source in sources)
@@ -740,6 +744,20 @@ def device_sources(facts: FileFacts, node: Optional[cst.CSTNode], order: int, sc
         return [(r.value, r.order, r.scope) for callee in facts.callee_scopes(site)
                 for r in facts.returns.get(id(callee), ()) if r.value is not None]
     return facts.follow_name(node, order, scope, attributes=True) or []
+
+
+# Wrappers whose forward moves (scatters) the inputs onto the devices of the wrapped module.
+INPUT_MOVING_WRAPPERS = frozenset({"DataParallel", "DistributedDataParallel"})
+
+
+def wrapper_moves_inputs(model) -> bool:
+    """A wrapper (possibly under other values) that moves its inputs: DataParallel, DistributedDataParallel."""
+    while model is not None:
+        wrapper = str((model.traits or {}).get("wrapper") or "")
+        if wrapper.split(".")[-1] in INPUT_MOVING_WRAPPERS:
+            return True
+        model = model.base
+    return False
 
 
 # ------------------------------------------------------------------------------------ modules without tensors

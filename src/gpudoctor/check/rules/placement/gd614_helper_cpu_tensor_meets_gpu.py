@@ -17,6 +17,7 @@ from gpudoctor.check.rules.placement._common import (
     module_classes,
     on_accelerator,
     parents,
+    wrapper_moves_inputs,
 )
 
 
@@ -118,7 +119,7 @@ class HelperCpuTensorMeetsGpu(Rule):
             model = facts.value(call.func, order, scope)
             if model.kind != "model" or str(model.trait("class") or "").endswith("Loss"):
                 continue
-            if model.has(TRAIT_DISPATCHED) or model.has(TRAIT_PREPARED) or _moves_inputs(model):
+            if model.has(TRAIT_DISPATCHED) or model.has(TRAIT_PREPARED) or wrapper_moves_inputs(model):
                 continue  # accelerate's hooks, DataParallel's scatter and DDP move the inputs themselves
             for other in call.args:
                 if other is arg:
@@ -166,16 +167,6 @@ def _where(facts: FileFacts, node: cst.CSTNode):
             return order, scope
         stack.extend(current.children)
     return None, None
-
-
-def _moves_inputs(model) -> bool:
-    """A wrapper (possibly under other values) that moves its inputs: DataParallel, DistributedDataParallel."""
-    while model is not None:
-        wrapper = str((model.traits or {}).get("wrapper") or "")
-        if wrapper.split(".")[-1] in ("DataParallel", "DistributedDataParallel"):
-            return True
-        model = model.base
-    return False
 
 
 def _runs_in_forward(facts: FileFacts, scope) -> bool:
