@@ -495,9 +495,41 @@ class ExpressionValues:
             return None
         if binding.kind == "param":
             return self.param_sources(binding, passed) if params else None
+        if binding.kind == "unpack" and binding.value is not None and binding.path:
+            return self._unpacked_sources(binding)
         if binding.kind != "assign" or binding.value is None:
             return None
         return [(binding.value, binding.order, binding.scope)]
+
+    def _unpacked_sources(self, binding: "Binding") -> Optional[list[tuple[cst.BaseExpression, int, "Scope"]]]:
+        """The element an unpacking binds: ``a, b = x, y`` -> ``y`` for b; ``loader, labels = build(cfg)`` -> the
+        element at that position of every ``return`` of the file's own ``build`` (None when one return is not a
+        tuple display of that shape: not followed)."""
+        value = binding.value
+        if isinstance(value, cst.Tuple):
+            sources = [(value, binding.order, binding.scope)]
+        elif isinstance(value, cst.Call):
+            site = self.call_site(value)
+            callees = self.callee_scopes(site) if site is not None and site.qualname is None else []
+            if not callees or any(callee.name == "__init__" for callee in callees):
+                return None
+            returns = [ret for callee in callees for ret in self.returns.get(id(callee), ())]
+            if not returns or any(ret.kind != "return" or ret.value is None for ret in returns):
+                return None
+            sources = [(ret.value, ret.order, ret.scope) for ret in returns]
+        else:
+            return None
+        found = []
+        for element, order, scope in sources:
+            for index in binding.path:
+                if not isinstance(element, (cst.Tuple, cst.List)) or index >= len(element.elements):
+                    return None
+                item = element.elements[index]
+                if isinstance(item, cst.StarredElement) or any(isinstance(e, cst.StarredElement) for e in element.elements):
+                    return None
+                element = item.value
+            found.append((element, order, scope))
+        return found
 
     def through_name(self, read: Callable[..., Any], node: Optional[cst.CSTNode], order: int, scope: "Scope", **follow) -> Any:
         """``read(expression, order, scope)`` of what the name ``node`` stands for (``follow_name``, with its

@@ -131,7 +131,8 @@ def scope_span(facts: FileFacts, scope: Scope) -> tuple[int, int]:
 def is_loss_call(facts: FileFacts, call: cst.Call) -> bool:
     q = facts.qualname(call.func)
     if q and LOSS_FUNCTIONS.match(q):
-        return True
+        # ``F.cross_entropy(...)`` computes a loss; ``nn.CrossEntropyLoss(weight=w)`` only builds the module
+        return not q.endswith("Loss")
     key = name_key(call.func)
     if key is None:
         return False
