@@ -158,7 +158,7 @@ class ExpressionValues:
                 return [s for s in self._functions_by_name.get("__init__", ()) if s.class_name == func.value]
             return [s for s in self._functions_by_name.get(func.value, ()) if s.class_name is None or s.parent is self.module_scope]
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
-            return [s for s in self._functions_by_name.get(func.attr.value, ()) if s.class_name and s.class_name == site.scope.class_name]
+            return self._self_method_scopes(func.attr.value, site.scope.class_name)
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
             # ``sampler = UniformSampler(n)`` ... ``sampler.sample(b)``: a method of an instance of the file's class
             binding = self.binding_at(func.value.value, site.order, site.scope)
@@ -166,6 +166,41 @@ class ExpressionValues:
             if isinstance(made, cst.Call) and isinstance(made.func, cst.Name) and made.func.value in self.classes:
                 return [s for s in self._functions_by_name.get(func.attr.value, ()) if s.class_name == made.func.value]
         return []
+
+    def _self_method_scopes(self, method: str, class_name: Optional[str]) -> list["Scope"]:
+        """What ``self.method(...)`` in a method of ``class_name`` runs: the class's own definition, else the one
+        it inherits from the nearest of the file's classes it derives from; plus the overrides in the file's
+        subclasses of it (their instances run those: a base ``forward`` calling ``self._forward(...)``)."""
+        if not class_name:
+            return []
+        defined: dict[str, list] = {}
+        for scope in self._functions_by_name.get(method, ()):
+            if scope.class_name:
+                defined.setdefault(scope.class_name, []).append(scope)
+        found = []
+        for owner in (class_name, *self._local_ancestors(class_name)):
+            if owner in defined:
+                found.extend(defined[owner])
+                break
+        for owner, scopes in defined.items():
+            if owner != class_name and class_name in self._local_ancestors(owner):
+                found.extend(s for s in scopes if s not in found)
+        return found
+
+    def _local_ancestors(self, class_name: str) -> list[str]:
+        """The file's own classes ``class_name`` derives from, nearest first (by name, through local bases)."""
+        cache = self.__dict__.setdefault("_local_ancestors_cache", {})
+        if class_name not in cache:
+            cache[class_name] = []  # a cycle (a base named like a later class) ends here
+            found: list[str] = []
+            scope = self.classes.get(class_name)
+            for base in (scope.node.bases if scope is not None and isinstance(scope.node, cst.ClassDef) else ()):
+                local = name_key(base.value)
+                if local in self.classes and local != class_name and local not in found:
+                    found.append(local)
+                    found.extend(a for a in self._local_ancestors(local) if a not in found)
+            cache[class_name] = found
+        return cache[class_name]
 
     def call_sites_of(self, scope: "Scope") -> list["CallSite"]:
         """Calls of the file's own function ``scope`` (by name, ``self.name``, or the class for ``__init__``)."""

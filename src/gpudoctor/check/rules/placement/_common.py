@@ -102,7 +102,8 @@ def cpu_tensor(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope:
     if isinstance(node, cst.UnaryOperation):
         return cpu_tensor(facts, node.expression, order, scope, depth + 1)
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in SAME_DEVICE_METHODS:
-        if all(_literal_number(a.value) for a in node.args):
+        # sizes and dims (``.repeat(self.k, n, 1)``) are no tensors; other arguments must be plain numbers
+        if node.func.attr.value in SHAPE_METHODS or all(_literal_number(a.value) for a in node.args):
             return cpu_tensor(facts, node.func.value, order, scope, depth + 1)
         return None
     binding = facts.assignment_of(node, order, scope)
@@ -145,8 +146,8 @@ def is_scalar_tensor(facts: FileFacts, call: cst.Call) -> bool:
     """``torch.tensor(2.0)``: a 0-dim CPU tensor mixes with CUDA tensors without error."""
     q = facts.qualname(call.func)
     if q in ("torch.tensor", "torch.as_tensor"):
-        first = call_arg(call, 0, "data")
-        return not isinstance(first, (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp))
+        order, scope = facts._position_of(call)
+        return not _sequence_data(facts, call_arg(call, 0, "data"), order, scope)
     if q == "torch.from_numpy":  # numpy scalars/arrays: unknown rank, silent unless the array has a shape
         order, scope = facts._position_of(call)
         return not _numpy_array(facts, call_arg(call, 0), order, scope)
@@ -157,6 +158,22 @@ def is_scalar_tensor(facts: FileFacts, call: cst.Call) -> bool:
         if first is None and call_arg(call, keyword="size") is None:
             return True
     return False
+
+
+_SEQUENCES = (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp)
+
+
+def _sequence_data(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0) -> bool:
+    """``[1.0, 2.0]``, ``(n,)``, or a name / ``self.x`` whose every source is such a display (through assignments and
+    the arguments the file's calls pass: ``self.size = size`` where ``Layer(..., (k,))``): ``torch.tensor`` of it has
+    a dimension."""
+    if isinstance(node, _SEQUENCES):
+        return True
+    if node is None or depth > 6 or name_key(node) is None:
+        return False
+    return bool(facts.through_name(
+        lambda *source: _sequence_data(facts, *source, depth + 1), node, order, scope, attributes=True
+    ))
 
 
 def file_sets_default_device(facts: FileFacts) -> bool:
