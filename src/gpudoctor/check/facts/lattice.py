@@ -503,7 +503,10 @@ class ExpressionValues:
 
     def _param_value(self, binding: "Binding") -> Value:
         """A parameter is what the file's calls pass to it (the first call that passes something known),
-        else its default."""
+        else its default. ``self`` of a method of the file's ``nn.Module`` subclass is that module."""
+        owner = self._instance_param_class(binding)
+        if owner is not None and self.is_module_class(owner):
+            return Value("model", binding.target, {"class": owner, "module": True})
         for arg, order, scope in self._param_arguments(binding):
             value = self.value(arg, order, scope)
             if value.kind != "unknown":
@@ -586,6 +589,20 @@ class ExpressionValues:
     def param_argument(self, binding: "Binding"):
         """(the argument, order, scope) the first call of the function passes for parameter ``binding``."""
         return next(self._param_arguments(binding), None)
+
+    @staticmethod
+    def _instance_param_class(binding: "Binding") -> Optional[str]:
+        """The class whose instance the parameter ``binding`` is: the first parameter of a plain method
+        (``self``; not of a staticmethod/classmethod)."""
+        function, param = binding.scope, binding.target
+        if not isinstance(function.node, cst.FunctionDef) or not isinstance(param, cst.Param):
+            return None
+        if function.parent is None or function.parent.kind != "class":
+            return None
+        if any(d.split(".")[-1] in ("staticmethod", "classmethod") for d in function.decorators):
+            return None
+        params = [*function.node.params.posonly_params, *function.node.params.params]
+        return function.class_name if params and params[0] is param else None
 
     def _param_arguments(self, binding: "Binding"):
         """(argument, order, scope) for each call of the file that passes parameter ``binding``."""
