@@ -159,13 +159,38 @@ class ExpressionValues:
             return [s for s in self._functions_by_name.get(func.value, ()) if s.class_name is None or s.parent is self.module_scope]
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
             return self._self_method_scopes(func.attr.value, site.scope.class_name)
-        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
-            # ``sampler = UniformSampler(n)`` ... ``sampler.sample(b)``: a method of an instance of the file's class
-            binding = self.binding_at(func.value.value, site.order, site.scope)
-            made = binding.value if binding is not None and binding.kind == "assign" else None
-            if isinstance(made, cst.Call) and isinstance(made.func, cst.Name) and made.func.value in self.classes:
-                return [s for s in self._functions_by_name.get(func.attr.value, ()) if s.class_name == made.func.value]
+        if isinstance(func, cst.Attribute) and name_key(func.value) is not None:
+            # ``sampler = UniformSampler(n)`` ... ``sampler.sample(b)``: a method of an instance of the file's class,
+            # also through parameters (``train(opt, loader, model)`` called with ``model = VSE(opt)``) and ``self.x``
+            owner = self._instance_class(func.value, site.order, site.scope)
+            if owner is not None:
+                return self._self_method_scopes(func.attr.value, owner)
         return []
+
+    def _instance_class(self, node: cst.BaseExpression, order: int, scope: "Scope", depth: int = 0,
+                        follow_params: Optional[bool] = None) -> Optional[str]:
+        """The file's own class whose instance the name (or ``self.x``) ``node`` holds: every source of it is a
+        ``Cls(...)`` call of the same class; None otherwise."""
+        if depth > 4:
+            return None
+        if isinstance(node, cst.Call):
+            func = node.func
+            return func.value if isinstance(func, cst.Name) and func.value in self.classes else None
+        if name_key(node) is None or (isinstance(node, cst.Name) and node.value == "self"):
+            return None
+        # Following a parameter asks for the calls of its function, which resolves their callees again: a
+        # resolution entered from there (while another one runs) does not follow parameters, so it cannot recurse.
+        outermost = not self.__dict__.get("_resolving_instance", False)
+        if follow_params is None:
+            follow_params = outermost
+        self.__dict__["_resolving_instance"] = True
+        try:
+            sources = self.follow_name(node, order, scope, attributes=True, params=follow_params)
+            found = {self._instance_class(*source, depth + 1, follow_params) for source in sources or ()}
+        finally:
+            if outermost:
+                self.__dict__["_resolving_instance"] = False
+        return found.pop() if len(found) == 1 and None not in found else None
 
     def _self_method_scopes(self, method: str, class_name: Optional[str]) -> list["Scope"]:
         """What ``self.method(...)`` in a method of ``class_name`` runs: the class's own definition, else the one
@@ -214,7 +239,8 @@ class ExpressionValues:
                     by_name.setdefault((dotted(site.node.func) or "").split(".")[-1], []).append(site)
             name = scope.class_name if scope.name == "__init__" and scope.class_name else scope.name
             found = [site for site in by_name.get(name, ()) if scope in self.callee_scopes(site)]
-            cache[id(scope)] = found
+            if not self.__dict__.get("_resolving_instance", False):
+                cache[id(scope)] = found  # not while an instance's class is resolved without its parameters
         return found
 
     def bindings_built_by(self, call: cst.Call) -> list["Binding"]:
