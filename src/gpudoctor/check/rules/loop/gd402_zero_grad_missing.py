@@ -102,6 +102,8 @@ class ZeroGradMissing(Rule):
                     return None  # an optimizer over parameters we cannot name may share them
             elif target.kind != "model":
                 return None
+            elif any(_built_with(facts, origin, owner) or _built_with(facts, owner, origin) for owner in owners):
+                return None  # ``Seq2Seq(encoder, decoder).zero_grad()`` clears the encoder's gradients too
         return calls[0]
 
     @staticmethod
@@ -126,6 +128,26 @@ class ZeroGradMissing(Rule):
         origin = facts.value(step.receiver, step.order, step.scope).origin().node
         site = facts.call_site(origin) if origin is not None else None
         return site is not None and in_loop(site, loop)
+
+
+def _built_with(facts: FileFacts, container, part, depth: int = 0) -> bool:
+    """The module built by the call ``container`` is given the module ``part`` (an argument, in a list/tuple, or
+    nested in another such construction): ``Seq2Seq(encoder, decoder)``, ``nn.Sequential(*[body, head])``."""
+    if not isinstance(container, cst.Call) or depth > 3:
+        return False
+    for arg in container.args:
+        stack = [arg.value]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, (cst.List, cst.Tuple)):
+                stack.extend(e.value for e in node.elements)
+                continue
+            order, scope = facts._position_of(node)
+            if facts.value(node, order, scope).origin().node is part:
+                return True
+            if isinstance(node, cst.Call) and _built_with(facts, node, part, depth + 1):
+                return True
+    return False
 
 
 def _parameter_owners(facts: FileFacts, optimizer) -> list:
