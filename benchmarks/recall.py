@@ -9,7 +9,8 @@ Runs the check engine in-process (no torch import) over ``fixtures/field/``:
   - **any at line**: a finding of any code starting on that line;
   - **in file**: a finding of the named code anywhere in the file;
   - **via related**: a finding of the named code that lists the defect line among its related locations
-    (``Finding.related``, where the engine provides it: the user fixes the defect there);
+    (``Finding.related``, where the engine provides it: the user fixes the defect there); a defect is found
+    from any line that takes part, so "at the line or among related" is printed too;
 
 * fixed twins (``*.fixed.py``) and clean look-alikes (``fixtures/field/clean/*.py``) must get no finding;
   any finding there is a false alarm (counted with the default rule set and with preview rules).
@@ -229,6 +230,7 @@ def report(preview: bool) -> dict:
             "any_at_line": sum(o.any_at_line for o in ruled),
             "in_file": sum(o.in_file for o in ruled),
             "via_related": sum(o.via_related for o in ruled),
+            "hit_or_related": sum(o.hit or o.via_related for o in ruled),
         },
         "no_rule_yet": {"defects": len(unruled), "any_at_line": sum(o.any_at_line for o in unruled)},
         "per_family": tally(ruled, lambda o: o.defect.family),
@@ -241,6 +243,7 @@ def report(preview: bool) -> dict:
                 "family": o.defect.family,
                 "at_line": o.found_at_line,
                 "in_file": o.found_in_file,
+                "via_related": o.via_related,
             }
             for o in outcomes
             if not o.hit
@@ -258,6 +261,7 @@ def print_text(data: dict) -> None:
     print(f"  any code at the defect line:            {ratio(r['any_at_line'], r['defects'])}")
     print(f"  named code anywhere in the file:        {ratio(r['in_file'], r['defects'])}")
     print(f"  named code, defect line among related:  {ratio(r['via_related'], r['defects'])}")
+    print(f"  at the line or among related:           {ratio(r['hit_or_related'], r['defects'])}")
     n = data["no_rule_yet"]
     print(f"defects no rule claims yet: {n['defects']} (any finding at their line: {n['any_at_line']})")
     for title, table in (("family", data["per_family"]), ("code", data["per_code"])):
@@ -271,7 +275,8 @@ def print_text(data: dict) -> None:
         seen = ", ".join(miss["at_line"]) or "-"
         elsewhere = ", ".join(miss["in_file"]) or "-"
         label = miss["code"] + (f" {miss['what']}" if miss["code"] == NO_RULE and miss["what"] else "")
-        print(f"  {miss['where']}  {label}  [at line: {seen}; in file: {elsewhere}]")
+        related = "; defect line among its related" if miss["via_related"] else ""
+        print(f"  {miss['where']}  {label}  [at line: {seen}; in file: {elsewhere}{related}]")
     for path, error in data["parse_errors"].items():
         print(f"  PARSE ERROR {path}: {error}")
     for mode in ("default", "preview"):

@@ -152,13 +152,19 @@ class _Names(cst.CSTVisitor):
     def visit_Import(self, node: cst.Import) -> bool:
         for alias in node.names:
             self.defs.add(_local_name(alias))
+        self._module_parts(node)
         return False
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
         if not isinstance(node.names, cst.ImportStar):
             for alias in node.names:
                 self.defs.add(_local_name(alias))
+        self._module_parts(node)
         return False
+
+    def _module_parts(self, node: cst.CSTNode) -> None:
+        # ``from torch.utils.data import DataLoader``: ``data`` is a module path, never the variable ``data``
+        self.not_variables.update(id(n) for n in _walk(node) if isinstance(n, cst.Name))
 
     def visit_Global(self, node: cst.Global) -> None:
         self.has_global = True

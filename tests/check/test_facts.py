@@ -446,6 +446,24 @@ def test_dict_contents_of_what_the_file_does_not_build() -> None:
     assert facts.dict_contents(first.node.args[1].value, first.order, first.scope) is None
 
 
+def test_dict_contents_of_a_star_kwargs_parameter_called_once() -> None:
+    facts = facts_of(
+        """
+        from transformers import AutoModelForCausalLM as M
+        def load(path, dtype=None, **kw):
+            return M.from_pretrained(path, **kw)
+        extra = {"low_cpu_mem_usage": True, "dtype": "x"}
+        load("m", dtype="auto", load_in_8bit=True, **extra)
+        def twice(**kw):
+            return M.from_pretrained("m", **kw)
+        twice(device_map="auto")
+        twice(device_map="cpu")
+        """
+    )
+    # the one call fills ``kw`` (named parameters excluded); two calls fill it differently: unknown
+    assert _live_keys(facts) == [["load_in_8bit=True", "low_cpu_mem_usage=True"], []]
+
+
 def test_keyword_argument_skips_a_deleted_entry() -> None:
     facts = facts_of(
         """
@@ -668,3 +686,139 @@ def test_dict_of_dataloaders_subscripted():
     assert [kind_at(facts, p) for p in ("probe", "probe2", "probe4")] == ["dataloader"] * 3
     assert kind_at(facts, "probe3") == "unknown"
     assert facts.assumed_instances.get("dataloaders") == "torch.utils.data.DataLoader"
+
+
+def _items_at_call(facts, name: str):
+    site = calls_named(facts, name)[0]
+    items = facts.items_of(site.node.args[0].value, site.order, site.scope)
+    return None if items is None else sorted(facts.module.code_for_node(node) for node, _order, _scope in items)
+
+
+def test_items_of_a_filled_deque_through_sampling_and_transposed_records():
+    facts = facts_of(
+        """
+        import random
+        from collections import deque, namedtuple
+        from dataclasses import dataclass
+        from typing import NamedTuple
+
+        Step = namedtuple("Step", "state, action next_state")
+
+        class Pair(NamedTuple):
+            first: object
+            second: object
+
+        @dataclass
+        class Row:
+            x: object
+            y: object
+
+        memory = deque(maxlen=100)
+        memory.append(Step(a, b, c1))
+        memory.appendleft(Step(a, b, next_state=c2))
+        memory.extend([Step(a, b, c3)])
+        pairs = [Pair(p1, q1)] + []
+        rows = [Row(x1, y1), Row(x2, y=y2)]
+
+        batch = Step(*zip(*random.sample(memory, 2)))
+        first(batch.next_state)
+        firsts, seconds = zip(*list(pairs))
+        second(seconds)
+        xs, ys = zip(*rows[:1])
+        third(ys)
+        """
+    )
+    assert _items_at_call(facts, "first") == ["c1", "c2", "c3"]
+    assert _items_at_call(facts, "second") is None  # ``pairs`` is bound to ``[...] + []``: not followed
+    assert _items_at_call(facts, "third") == ["y1", "y2"]
+
+
+def test_items_of_a_container_handed_to_an_unknown_call_are_not_known():
+    facts = facts_of(
+        """
+        import random
+        buffer = []
+        buffer.append((s1, t1))
+        fill(buffer)
+        states, targets = zip(*random.sample(buffer, 4))
+        use(targets)
+        """
+    )
+    assert _items_at_call(facts, "use") is None
+    facts = facts_of(
+        """
+        import random
+        buffer = []
+        buffer.append((s1, t1))
+        print(len(buffer))
+        states, targets = zip(*random.sample(buffer, 4))
+        use(targets)
+        """
+    )
+    assert _items_at_call(facts, "use") == ["t1"]
+
+
+def test_argument_for_a_parameter_skips_self_but_not_for_a_staticmethod():
+    facts = facts_of(
+        """
+        class Helper:
+            def method(self, a, b, *, c=None):
+                pass
+
+            @staticmethod
+            def static(a, b):
+                pass
+
+        h = Helper()
+        h.method(x1, y1, c=z1)
+        h.static(x2, y2)
+        h.method(*xs, y3)
+        """
+    )
+    functions = {f.name: f for f in facts.functions}
+    code = facts.module.code_for_node
+
+    def passed(function: str, call_index: int) -> list:
+        function = functions[function]
+        site = facts.call_sites_of(function)[call_index]
+        params = [*function.node.params.params, *function.node.params.kwonly_params]
+        return [(p.name.value, code(a) if (a := facts.argument_for(site, function, p)) is not None else None) for p in params]
+
+    assert passed("method", 0) == [("self", None), ("a", "x1"), ("b", "y1"), ("c", "z1")]
+    assert passed("static", 0) == [("a", "x2"), ("b", "y2")]
+    assert passed("method", 1) == [("self", None), ("a", None), ("b", None), ("c", None)]  # ``*xs`` hides positions
+
+
+def test_single_use_temporaries_are_resolved_once_for_every_rule():
+    facts = facts_of(
+        """
+        import deepspeed
+
+        def train(model, ds, cfg):
+            tmp = deepspeed.initialize(model=model, config=cfg)
+            engine, _, _, _ = tmp
+            tmp2 = self.net
+            tmp2.to("cuda")
+            tmp3 = model.to("cuda")
+            tmp3.eval()
+            shared = deepspeed.initialize(model=model, config=cfg)
+            a = shared
+            b = shared
+        """
+    )
+    init = facts.calls_to("deepspeed.initialize")[0]
+    holders = facts._bindings_of_value(init.node)
+    # ``engine, ... = tmp`` unpacks the call itself; the temporary is only a conduit
+    assert [(b.key, b.kind, b.index) for b in holders if b.key == "engine"] == [("engine", "unpack", 0)]
+    assert all(b.key != "tmp" for b in holders)
+    # ``tmp2 = self.net; tmp2.to(...)`` is a call on ``self.net``
+    move = next(s for s in facts.calls if s.method == "to" and s.order > init.order and facts.module.code_for_node(s.receiver) == "self.net")
+    assert move in facts._calls_on_key["self.net"]
+    # a temporary that holds another expression keeps its name as the receiver; through_temporary gives the expression
+    evaluated = next(s for s in facts.calls if s.method == "eval")
+    assert facts.module.code_for_node(evaluated.receiver) == "tmp3"
+    assert facts.module.code_for_node(facts.through_temporary(evaluated.receiver)) == 'model.to("cuda")'
+    # a name read twice is no temporary: its copies keep reading the name
+    second = facts.calls_to("deepspeed.initialize")[1]
+    assert [b.key for b in facts._bindings_of_value(second.node)] == ["shared"]
+    assert facts.binding_at("a", 1 << 30, facts.functions[0]).value.value == "shared"

@@ -36,6 +36,11 @@ CANONICAL = {
     "peft.mapping_func.get_peft_model": "peft.get_peft_model",
     "peft.utils.other.prepare_model_for_kbit_training": "peft.prepare_model_for_kbit_training",
     "transformers.data.data_collator.DataCollatorForLanguageModeling": "transformers.DataCollatorForLanguageModeling",
+    "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel": "torch.distributed.fsdp.FullyShardedDataParallel",
+    "torch.distributed._composable.fsdp.fully_shard": "torch.distributed.fsdp.fully_shard",
+    "torch.distributed._composable.fsdp.fully_shard.fully_shard": "torch.distributed.fsdp.fully_shard",
+    "torch.distributed.fsdp._fully_shard.fully_shard": "torch.distributed.fsdp.fully_shard",
+    "torch.distributed.fsdp._fully_shard._fully_shard.fully_shard": "torch.distributed.fsdp.fully_shard",
 }
 
 ACCELERATOR = {"accelerate.Accelerator"}
@@ -47,11 +52,29 @@ PEFT_LOADERS = {"peft.PeftModel.from_pretrained", "peft.PeftModelForCausalLM.fro
 PASSTHROUGH = {"peft.prepare_model_for_kbit_training"}
 DATA_PARALLEL = {"torch.nn.DataParallel"}
 DISTRIBUTED_DATA_PARALLEL = {"torch.nn.parallel.DistributedDataParallel"}
+# FSDP wrappers that swap the module's nn.Parameter objects for sharded ones (FSDP1 FlatParameter unless
+# use_orig_params=True; FSDP2 DTensor parameters): an optimizer built before them holds orphaned tensors.
+FSDP_WRAP = {"torch.distributed.fsdp.FullyShardedDataParallel"}
+FSDP2_SHARD = {"torch.distributed.fsdp.fully_shard"}
 TORCH_CLIP = {"torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_"}
 DATALOADER = {"torch.utils.data.DataLoader"}
 GRAD_SCALER = {"torch.amp.GradScaler"}
 NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
 LM_COLLATOR = {"transformers.DataCollatorForLanguageModeling"}
+
+# Hub checkpoints whose tokenizer fills the embedding matrix exactly (``len(tokenizer) == config.vocab_size``): a token
+# added to the tokenizer gets id ``vocab_size``, one past the last embedding row, until
+# ``model.resize_token_embeddings(len(tokenizer))``. (pattern over the model id, family, vocab size, the special tokens
+# the vocabulary already holds.) Vocab sizes: the checkpoints' config.json (``simulate/configs/gpt2.json``,
+# ``Llama-2-7b-hf.json``, ``Mistral-7B-v0.1.json``); their tokenizers have exactly that many entries. Families whose
+# embeddings are padded past the tokenizer (OPT 50272 > 50265, Pythia, Qwen2, Phi-2, T5) are left out: a few added
+# tokens still fit there.
+FULL_VOCAB_CHECKPOINTS: tuple[tuple[str, str, int, frozenset], ...] = (
+    (r"^(openai-community/)?(distil)?gpt2(-medium|-large|-xl)?$", "GPT-2", 50257, frozenset({"<|endoftext|>"})),
+    (r"^(EleutherAI/)?gpt-neo-(125m|125M|1\.3B|2\.7B)$", "GPT-Neo", 50257, frozenset({"<|endoftext|>"})),
+    (r"(^|/)(Llama-2-\d+b(-chat)?-hf|llama-\d+b(-hf)?)$", "Llama 2 / LLaMA", 32000, frozenset({"<unk>", "<s>", "</s>"})),
+    (r"^mistralai/Mistral-7B-(Instruct-)?v0\.[12]$", "Mistral-7B v0.1/v0.2", 32000, frozenset({"<unk>", "<s>", "</s>"})),
+)
 BNB_CONFIG = "transformers.BitsAndBytesConfig"
 # trl's value-head wrappers (trl <= 0.2x; moved to trl.experimental.ppo in Dec 2025, gone from trl 1.16): their
 # ``from_pretrained`` passes its keyword arguments on to transformers' ``from_pretrained``.
@@ -155,6 +178,12 @@ _CAUSAL_LM_HEADS = {"GPT2LMHeadModel", "OpenAIGPTLMHeadModel", "CTRLLMHeadModel"
 
 def is_causal_lm_class(name: str) -> bool:
     return name.endswith("ForCausalLM") or name in {"AutoModelForCausalLM", "AutoPeftModelForCausalLM"} | _CAUSAL_LM_HEADS
+
+
+# Remote-code checkpoints (``trust_remote_code=True``) whose bare ``AutoModel`` is a decoder-only LM: ChatGLM-6B,
+# ChatGLM2/3 and GLM-4 map ``auto_map["AutoModel"]`` to ``modeling_chatglm.ChatGLMForConditionalGeneration``, whose
+# forward shifts ``labels`` against its own input ids (a causal loss) despite the class name.
+REMOTE_CAUSAL_LM_CHECKPOINT = re.compile(r"chatglm|glm-?4", re.IGNORECASE)
 
 
 def is_seq2seq_class(name: str) -> bool:

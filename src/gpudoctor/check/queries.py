@@ -125,10 +125,10 @@ def trained_models(facts: FileFacts) -> Iterator[tuple[cst.BaseExpression, CallS
     ``Trainer(model=m)``, ``accelerator.prepare(..., m, ...)`` with an optimizer, an optimizer over
     ``m.parameters()``, ``get_peft_model(m, ...)`` (LoRA training).
     """
-    for site in facts.calls_to(*apis.TRAINERS):
+    for site in facts.trainer_calls():
         model = site.arg(0, "model")
         if model is not None:
-            yield model, site, f"`{site.qualname.split('.')[-1]}(model=...)`"
+            yield model, site, f"`{(site.qualname or dotted(site.node.func) or 'Trainer').split('.')[-1]}(model=...)`"
     for site in facts.calls:
         if site.qualname and apis.is_optimizer(site.qualname):
             params = site.arg(0, "params")
@@ -248,17 +248,20 @@ def _appended_parameters_owner(facts: FileFacts, binding, order: int) -> Optiona
     for site in facts.method_calls("append"):
         if site.scope is not binding.scope or not binding.order < site.order < order:
             continue
-        receivers = [site.receiver.body, site.receiver.orelse] if isinstance(site.receiver, cst.IfExp) else [site.receiver]
+        receiver = facts.through_temporary(site.receiver)  # ``bucket = (a if c else key); bucket.append(p)``
+        receivers = [receiver.body, receiver.orelse] if isinstance(receiver, cst.IfExp) else [receiver]
         if binding.key not in {name_key(r) for r in receivers}:
             continue
         item = site.arg(0)
-        loop = next((f for f in reversed(site.context) if isinstance(f, LoopFrame) and isinstance(f.node, cst.For)), None)
-        if loop is None or not isinstance(item, cst.Name):
+        loop = next((f for f in reversed(site.context) if isinstance(f, LoopFrame)), None)
+        iterated = facts.iterated(loop) if loop is not None else None
+        if iterated is None or not isinstance(item, cst.Name):
             return None
-        target = loop.node.target
-        names = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
-        owner = _parameters_owner(loop.iter)
-        if owner is None or not any(isinstance(n, cst.Name) and n.value == item.value for n in names):
+        # ``p`` is bound by this loop (``for n, p in ...``, ``for i, (n, p) in enumerate(...)``, ``n, p = next(it)``)
+        # over the module's parameters, through ``enumerate``/``tqdm``/``iter``/the file's generators
+        item_binding = facts.binding_at(item.value, site.order, site.scope)
+        owner = _parameters_owner(iterated[0])
+        if owner is None or item_binding is None or item_binding.kind not in ("for", "unpack") or item_binding.order < loop.order:
             return None
         owners.append(owner)
     return owners[0] if owners and len({name_key(o) for o in owners}) == 1 else None
@@ -278,20 +281,48 @@ def checkpoint_name(facts: FileFacts, call: cst.Call, order: int, scope: Scope) 
 
 
 def string_through(facts: FileFacts, node: Optional[cst.BaseExpression], order: int, scope: Scope, depth: int = 4) -> Optional[str]:
-    """The string ``node`` holds, followed through bindings, parameter defaults and option defaults."""
+    """The string ``node`` holds, followed through bindings, parameter defaults (else the argument the first call
+    passes), option defaults and string-keyed entries of the file's dicts (``cfg["device"]`` with
+    ``CONFIG = {"device": "cuda"}`` handed in as ``cfg``)."""
     text = string_value(node)
     if text is not None or node is None or depth <= 0:
         return text
+    if isinstance(node, cst.Subscript):
+        entry = _dict_entry(facts, node, order, scope, depth)
+        return string_through(facts, entry.value, entry.order, entry.scope, depth - 1) if entry is not None else None
     key = name_key(node)
     if key is not None and (isinstance(node, cst.Name) or key.startswith("self.")):
         binding = facts.binding_at(key, order, scope)
         if binding is not None and binding.kind in ("assign", "param") and binding.value is not None:
             return string_through(facts, binding.value, binding.order, binding.scope, depth - 1)
+        if binding is not None and binding.kind == "param":
+            passed = facts.param_argument(binding)
+            return string_through(facts, *passed, depth - 1) if passed is not None else None
         if binding is not None or isinstance(node, cst.Name):
             return None
     if isinstance(node, cst.Attribute):
         return option_defaults(facts).get(node.attr.value)
     return None
+
+
+def _dict_entry(facts: FileFacts, subscript: cst.Subscript, order: int, scope: Scope, depth: int):
+    """The live entry ``d["key"]`` reads from a dict the file builds; ``d`` may be a parameter without a default
+    (followed to the argument the first call passes)."""
+    if len(subscript.slice) != 1 or not isinstance(subscript.slice[0].slice, cst.Index):
+        return None
+    wanted = string_value(subscript.slice[0].slice.value)
+    container: Optional[cst.BaseExpression] = subscript.value
+    for _ in range(depth):
+        key = name_key(container)
+        binding = facts.binding_at(key, order, scope) if key is not None else None
+        if binding is None or binding.kind != "param" or binding.value is not None:
+            break
+        passed = facts.param_argument(binding)
+        if passed is None:
+            return None
+        container, order, scope = passed
+    contents = facts.dict_contents(container, order, scope) if wanted is not None else None
+    return contents.entries.get(wanted) if contents is not None else None
 
 
 def option_defaults(facts: FileFacts) -> dict[str, str]:
@@ -357,7 +388,8 @@ def params_from_name(name: Optional[str]) -> Optional[float]:
 
 # -- which kind of language model a file trains (GD3xx) ---------------------------------------
 
-_SEQ2SEQ_EXTRA = {"EncoderDecoderModel", "Seq2SeqTrainer", "Seq2SeqTrainingArguments"}
+_SEQ2SEQ_TOOLS = {"Seq2SeqTrainer", "Seq2SeqTrainingArguments"}  # trainer classes, not models
+_SEQ2SEQ_EXTRA = {"EncoderDecoderModel"} | _SEQ2SEQ_TOOLS
 
 
 def model_class_names(facts: FileFacts) -> set[str]:
@@ -381,10 +413,25 @@ def language_model_kind(facts: FileFacts) -> Optional[str]:
     uses only encoder-decoder classes; "mixed" for both; None when it shows neither."""
     names = model_class_names(facts)
     causal = any(apis.is_causal_lm_class(n) or n.endswith("ForCausalLMWithValueHead") for n in names)
-    seq2seq = any(apis.is_seq2seq_class(n) or n in _SEQ2SEQ_EXTRA for n in names)
-    if causal and seq2seq:
+    causal = causal or _loads_remote_causal_lm(facts)
+    seq2seq_model = any((apis.is_seq2seq_class(n) or n == "EncoderDecoderModel") and n not in _SEQ2SEQ_TOOLS for n in names)
+    if causal and seq2seq_model:
         return "mixed"
-    return "causal" if causal else "seq2seq" if seq2seq else None
+    if causal:
+        # ``Seq2SeqTrainer`` / ``Seq2SeqTrainingArguments`` around a causal LM (transformers#12259: distilgpt2 under
+        # Seq2SeqTrainer) still train a causal LM: the trainer class does not change what the model's loss does.
+        return "causal"
+    return "seq2seq" if seq2seq_model or any(n in _SEQ2SEQ_TOOLS for n in names) else None
+
+
+def _loads_remote_causal_lm(facts: FileFacts) -> bool:
+    """``AutoModel.from_pretrained("THUDM/chatglm3-6b", trust_remote_code=True)``: a bare ``AutoModel`` whose
+    checkpoint's remote code is a causal LM (``apis.REMOTE_CAUSAL_LM_CHECKPOINT``)."""
+    for site in facts.calls_to("transformers.AutoModel.from_pretrained"):
+        name = checkpoint_name(facts, site.node, site.order, site.scope)
+        if name is not None and apis.REMOTE_CAUSAL_LM_CHECKPOINT.search(name):
+            return True
+    return False
 
 
 def with_kwarg(call: cst.Call, keyword: str, value: cst.BaseExpression) -> cst.Call:

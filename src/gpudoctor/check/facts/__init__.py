@@ -10,7 +10,8 @@ Rules ask questions here instead of matching text:
   tests and function.
 
 Layout: ``records`` (what the walk saw), ``values`` (what expressions evaluate to), ``nodes`` (small
-node helpers), ``model`` (``FileFacts``: the questions, and evaluation), ``collector`` (the walk).
+node helpers), ``model`` (``FileFacts``: the questions, and evaluation; ``lattice``, ``dicts`` and ``containers``
+(what sequences hold) are its mixins), ``collector`` (the walk).
 The walk is our own over the dataclass fields of libcst nodes: libcst's visitor rebuilds every node
 and its metadata providers cost 100-400 ms per file, which we never pay here.
 """

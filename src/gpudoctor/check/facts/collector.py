@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import re
 from typing import Iterable, Optional, Union
@@ -226,17 +227,20 @@ class _Collector:
             self.facts.imports[local] = f"{module}.{name}"
         return False
 
+    def _decorator_name(self, decorator: cst.BaseExpression) -> Optional[str]:
+        """The qualified name of a decorator; ``builtins.staticmethod`` for the builtin (a staticmethod receives
+        no ``self``: its arguments map to its parameters from the first)."""
+        expr = decorator.func if type(decorator) is cst.Call else decorator
+        q = self.facts.qualname(expr)
+        if q is None and type(expr) is cst.Name and expr.value in ("staticmethod", "classmethod") \
+                and expr.value not in self.facts.imports:
+            return f"builtins.{expr.value}"
+        return q
+
     def on_function(self, node: cst.FunctionDef):
         for decorator in node.decorators:
             self.walk(decorator)
-        decorators = tuple(
-            q
-            for q in (
-                self.facts.qualname(d.decorator.func if type(d.decorator) is cst.Call else d.decorator)
-                for d in node.decorators
-            )
-            if q
-        )
+        decorators = tuple(q for q in (self._decorator_name(d.decorator) for d in node.decorators) if q)
         class_name = self.scope.name if self.scope.kind == "class" else self.scope.class_name
         self.bind(node.name.value, node, None, "def")
         scope = Scope("function", node.name.value, node, self.scope, class_name, decorators=decorators)
@@ -429,4 +433,55 @@ def collect(module: cst.Module, source: str, path: str = "<string>") -> FileFact
     facts = FileFacts(module, source, path)
     collector = _Collector(facts)
     collector.walk(module)
+    _inline_temporaries(facts)
     return facts
+
+
+def _inline_temporaries(facts: FileFacts) -> None:
+    """Resolve single-use temporaries once for every rule: ``tmp = expr`` read exactly once, by the next
+    binding of its scope or a use before one, is ``expr`` itself. ``tmp = model.to(dtype); model = tmp`` binds
+    ``model`` to ``model.to(dtype)`` (``engine, _, loader, _ = tmp`` unpacks ``deepspeed.initialize(...)``), so
+    rules that read what a name was assigned (``binding.value``, the bindings of a call's result) see the call;
+    ``facts.through_temporary(tmp)`` gives ``expr`` for a temporary used as a receiver or an argument."""
+    binding_orders: dict[int, list[int]] = {}
+    for key, loads in facts.name_loads.items():
+        if len(loads) != 1 or "." in key:
+            continue
+        order, load, scope = loads[0]
+        bindings = scope.bindings.get(key, ())
+        temporary = bindings[0] if len(bindings) == 1 else None
+        if temporary is None or temporary.kind != "assign" or temporary.value is None or temporary.order >= order:
+            continue
+        orders = binding_orders.get(id(scope))
+        if orders is None:
+            orders = binding_orders[id(scope)] = sorted(b.order for bs in scope.bindings.values() for b in bs)
+        if bisect.bisect_right(orders, temporary.order) != bisect.bisect_left(orders, order):
+            continue  # something is rebound in between: ``expr`` might read another value there
+        facts._temporaries[id(load)] = temporary
+        copies = facts._bindings_by_value.pop(id(load), [])
+        for copy in copies:
+            copy.value = temporary.value
+        if copies:
+            holders = facts._bindings_by_value.setdefault(id(temporary.value), [])
+            holders[:] = [b for b in holders if b is not temporary] + copies
+    if facts._temporaries:
+        _inline_uses(facts)
+
+
+def _inline_uses(facts: FileFacts) -> None:
+    """A single-use temporary that holds a name (``tmp = self.net``) and is read as a call's receiver
+    (``tmp.to(device)``) is that name there: the call is on ``self.net``. A temporary that holds any other
+    expression keeps its own name as the receiver (a message names what the user wrote); rules that follow a
+    receiver chain ask ``facts.through_temporary``."""
+    touched: set[str] = set()
+    for site in facts.calls:
+        if site.receiver is None or id(site.receiver) not in facts._temporaries:
+            continue
+        held = facts.through_temporary(site.receiver)
+        key = receiver_key(held)
+        if key is not None:
+            site.receiver = held
+            facts._calls_on_key.setdefault(key, []).append(site)
+            touched.add(key)
+    for key in touched:
+        facts._calls_on_key[key].sort(key=lambda c: c.order)

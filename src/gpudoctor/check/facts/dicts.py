@@ -36,7 +36,7 @@ class DictEntry:
     order: int  # when the entry was put in the dict
     scope: "Scope"
     context: tuple  # the frames around the statement that put it there
-    how: str  # "display" | "store" | "update" | "setdefault"
+    how: str  # "display" | "store" | "update" | "setdefault" | "passed" (a keyword a call gives a ``**kw`` parameter)
 
 
 @dataclass(eq=False, repr=False)
@@ -74,16 +74,63 @@ class DictContentsQueries:
             if key is None:
                 break
             binding = self.binding_at(key, at, where)
+            if binding is not None and binding.kind == "param":
+                return self._star_kwargs_passed(binding)
             if binding is None or binding.kind != "assign" or binding.value is None:
                 return None
             bindings.append(binding)
             expr, at, where = binding.value, binding.order, binding.scope
         entries = self._display_entries(expr, at, where)
         if entries is None:
-            return None
+            return self._returned_dict(expr, bindings)
         for event in sorted(self._dict_mutations(bindings, order), key=lambda e: e[0]):
             _apply(entries, event)
         return DictContents(entries, tuple(bindings))
+
+    def _star_kwargs_passed(self, binding: "Binding") -> Optional[DictContents]:
+        """``def load(path, **kw): return AutoModel.from_pretrained(path, **kw)`` called once by the file,
+        ``load(p, load_in_8bit=True)``: ``kw`` holds the keywords that call passes beyond the named parameters
+        (also those of a ``**dict`` it passes). None for any other parameter, or a function called more than once
+        (each call fills it differently) or not at all."""
+        function = binding.scope.node
+        if not isinstance(function, cst.FunctionDef) or function.params.star_kwarg is not binding.target:
+            return None
+        calls = self.call_sites_of(binding.scope)
+        if len(calls) != 1:
+            return None
+        site = calls[0]
+        named = {p.name.value for p in (*function.params.posonly_params, *function.params.params, *function.params.kwonly_params)}
+        entries: dict[str, DictEntry] = {}
+        for arg in site.node.args:
+            if arg.star == "**":
+                passed = self.dict_contents(arg.value, site.order, site.scope)
+                if passed is None:
+                    return None  # an unknown dict: what ``kw`` holds is not known
+                entries.update((k, e) for k, e in passed.entries.items() if k not in named)
+            elif arg.keyword is not None and arg.keyword.value not in named:
+                key = arg.keyword.value
+                entries[key] = DictEntry(key, arg.value, arg, site.order, site.scope, site.context, "passed")
+        return DictContents(entries, ())
+
+    def _returned_dict(self, expr, bindings: list["Binding"]) -> Optional[DictContents]:
+        """``**self.loading_kwargs()``: the dict the file's own function returns, when every ``return`` of it gives
+        a dict the file builds; the entries of all of them (a key one branch returns counts, as a store in a
+        branch does)."""
+        site = self._call_by_node.get(id(expr)) if isinstance(expr, cst.Call) else None
+        if site is None or site.qualname is not None:
+            return None
+        callees = self.callee_scopes(site)
+        if len(callees) != 1:
+            return None
+        returns = [r for r in self.returns.get(id(callees[0]), ()) if r.kind == "return"]
+        entries: dict[str, DictEntry] = {}
+        for ret in returns:
+            contents = self.dict_contents(ret.value, ret.order, ret.scope) if ret.value is not None else None
+            if contents is None:
+                return None
+            for key, entry in contents.entries.items():
+                entries.setdefault(key, entry)
+        return DictContents(entries, tuple(bindings)) if returns else None
 
     def kwargs_contents(self, call: cst.Call, order: int, scope: "Scope") -> Iterator[DictContents]:
         """The contents of each ``**dict`` argument of ``call`` the file builds, in argument order."""

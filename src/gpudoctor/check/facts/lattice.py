@@ -159,9 +159,10 @@ class ExpressionValues:
             return [s for s in self._functions_by_name.get(func.value, ()) if s.class_name is None or s.parent is self.module_scope]
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
             return self._self_method_scopes(func.attr.value, site.scope.class_name)
-        if isinstance(func, cst.Attribute) and name_key(func.value) is not None:
+        if isinstance(func, cst.Attribute) and (name_key(func.value) is not None or isinstance(func.value, cst.Call)):
             # ``sampler = UniformSampler(n)`` ... ``sampler.sample(b)``: a method of an instance of the file's class,
-            # also through parameters (``train(opt, loader, model)`` called with ``model = VSE(opt)``) and ``self.x``
+            # also made in place (``ModelBuilder(cfg).build()``), through parameters (``train(opt, loader, model)``
+            # called with ``model = VSE(opt)``) and ``self.x``
             owner = self._instance_class(func.value, site.order, site.scope)
             if owner is not None:
                 return self._self_method_scopes(func.attr.value, owner)
@@ -227,6 +228,27 @@ class ExpressionValues:
             cache[class_name] = found
         return cache[class_name]
 
+    def every_return(self, site: "CallSite", read: Callable[..., Any], path: tuple[int, ...] = ()) -> Any:
+        """``read(value, order, scope, callee)`` of what every ``return`` of the file's function(s) ``site`` calls
+        gives back (the element at ``path`` of a returned tuple: ``x, y = get_batch(...)``): the first result when
+        every return gives one; None when one gives none, is a bare ``return``, or its shape does not fit ``path``."""
+        found = None
+        for callee in self.callee_scopes(site):
+            for ret in self.returns.get(id(callee), ()):
+                value = ret.value
+                if ret.kind != "return" or value is None:
+                    return None
+                for index in path:
+                    if not isinstance(value, cst.Tuple) or index >= len(value.elements) or value.elements[index].value is None:
+                        return None
+                    value = value.elements[index].value
+                result = read(value, ret.order, ret.scope, callee)
+                if result is None:
+                    return None
+                if found is None:
+                    found = result
+        return found
+
     def call_sites_of(self, scope: "Scope") -> list["CallSite"]:
         """Calls of the file's own function ``scope`` (by name, ``self.name``, or the class for ``__init__``)."""
         cache = self.__dict__.setdefault("_call_sites_of", {})
@@ -254,8 +276,13 @@ class ExpressionValues:
                     for b in bindings:
                         if b.kind == "assign" and isinstance(b.value, (cst.Name, cst.Call)):
                             origin = self.value(b.value, b.order, b.scope).origin().node
-                            if origin is not None:
-                                index.setdefault(id(origin), []).append(b)
+                        elif b.kind == "unpack" and isinstance(b.value, cst.Call):
+                            # ``model, optimizer = load_pretrain(...)``: one element of what the helper returns
+                            origin = self._value_of_binding(b).origin().node
+                        else:
+                            continue
+                        if origin is not None:
+                            index.setdefault(id(origin), []).append(b)
             self.__dict__["_bindings_built_by"] = index
         return index.get(id(call), [])
 
@@ -271,6 +298,9 @@ class ExpressionValues:
             if binding is not None and binding.kind == "param":  # what the caller passes
                 passed = self.param_argument(binding)
                 return self.built_by(*passed, depth + 1) if passed is not None else None
+            if binding is not None and binding.kind == "unpack" and binding.value is not None:
+                element = self._unpacked_element(binding, depth)
+                return self.built_by(*element, depth + 1) if element is not None else None
             if binding is None or binding.kind != "assign" or binding.value is None:
                 return None
             return self.built_by(binding.value, binding.order, binding.scope, depth + 1)
@@ -284,6 +314,30 @@ class ExpressionValues:
                     if found is not None:
                         return found
         return node
+
+    def _unpacked_element(self, binding: "Binding", depth: int = 0):
+        """(expression, order, scope) a tuple unpacking binds to ``binding``: the element of a tuple display
+        (``a, b = x, y``), or of the tuple display a helper of the file returns (``model, opt, sched =
+        build_everything(args)`` ... ``return model, opt, sched``)."""
+        if binding.index is None or len(binding.path) > 1 or depth > 8:
+            return None
+        value = binding.value
+        if isinstance(value, (cst.Tuple, cst.List)):
+            elements = value.elements
+            if binding.index < len(elements) and not any(isinstance(e, cst.StarredElement) for e in elements):
+                return elements[binding.index].value, binding.order, binding.scope
+            return None
+        site = self._call_by_node.get(id(value)) if isinstance(value, cst.Call) else None
+        if site is None or site.qualname is not None:
+            return None
+        for callee in self.callee_scopes(site):
+            for ret in self.returns.get(id(callee), ()):
+                if ret.kind != "return" or not isinstance(ret.value, (cst.Tuple, cst.List)):
+                    continue
+                elements = ret.value.elements
+                if binding.index < len(elements) and not any(isinstance(e, cst.StarredElement) for e in elements):
+                    return elements[binding.index].value, ret.order, ret.scope
+        return None
 
     # ------------------------------------------------------------------ evaluation of expressions
 
@@ -635,6 +689,15 @@ class ExpressionValues:
         function, param = binding.scope, binding.target
         if not isinstance(function.node, cst.FunctionDef) or not isinstance(param, cst.Param):
             return
+        for site in self.call_sites_of(function):
+            arg = self.argument_for(site, function, param)
+            if arg is not None:
+                yield arg, site.order, site.scope
+
+    def argument_for(self, site: "CallSite", function: "Scope", param: cst.Param) -> Optional[cst.BaseExpression]:
+        """The argument the call ``site`` of the file's function ``function`` passes for its parameter ``param``:
+        by keyword, or by position (after the ``self``/``cls`` a method receives from its instance or class; a
+        ``staticmethod`` receives none); None when it passes none, or a ``*args`` before it hides its position."""
         params = [*function.node.params.posonly_params, *function.node.params.params]
         position = next((i for i, p in enumerate(params) if p is param), None)  # None: keyword-only, *args
         is_method = function.parent is not None and function.parent.kind == "class" and "staticmethod" not in (
@@ -643,11 +706,12 @@ class ExpressionValues:
         if is_method and position is not None:
             position -= 1
             if position < 0:
-                return  # self / cls
-        for site in self.call_sites_of(function):
-            arg = call_arg(site.node, position, param.name.value)
-            if arg is not None:
-                yield arg, site.order, site.scope
+                return None  # self / cls
+        if position is not None:
+            positional = [a for a in site.node.args if a.keyword is None]
+            if any(a.star for a in positional[: position + 1]):
+                position = None  # ``f(*xs, y)``: where ``y`` lands is not shown
+        return call_arg(site.node, position, param.name.value)
 
     def iterated(self, loop) -> Optional[tuple[cst.BaseExpression, cst.CSTNode]]:
         """(the collection a loop really iterates, the node that shows it): ``for b in tqdm(enumerate(dl))`` ->
@@ -655,6 +719,13 @@ class ExpressionValues:
         followed to what they iterate (their parameter's argument)."""
         if isinstance(loop.node, cst.For):
             return self.source_of(loop.iter, loop.order, loop.scope), loop.iter
+        pulled = self._next_in(loop)
+        if pulled is not None:
+            return self.source_of(pulled.value.args[0].value, pulled.order, pulled.scope), pulled.value
+        return None
+
+    def _next_in(self, loop) -> Optional["Binding"]:
+        """The binding of a ``while`` loop's items by ``next(it)`` (``batch = next(it)``), if any."""
         for bindings in (loop.scope.bindings.values() if loop.scope is not None else ()):
             for binding in bindings:
                 value = binding.value
@@ -662,7 +733,7 @@ class ExpressionValues:
                     loop.order < binding.order < loop.end_order
                     and isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "next" and value.args
                 ):
-                    return self.source_of(value.args[0].value, binding.order, binding.scope), value
+                    return binding
         return None
 
     def source_of(self, iterable: cst.BaseExpression, order: int, scope: "Scope", depth: int = 0) -> cst.BaseExpression:
@@ -695,9 +766,12 @@ class ExpressionValues:
                     for yielded in self.yields.get(id(callee), ()):
                         if yielded.kind == "yield from" and yielded.value is not None:
                             return self.source_of(yielded.value, yielded.order, yielded.scope, depth + 1)
-                        loop = next((f for f in reversed(self._loops_around(yielded)) if f.iter is not None), None)
-                        if loop is not None:
-                            return self.source_of(loop.iter, loop.order, loop.scope, depth + 1)
+                        for loop in reversed(self._loops_around(yielded)):
+                            if loop.iter is not None:
+                                return self.source_of(loop.iter, loop.order, loop.scope, depth + 1)
+                            pulled = self._next_in(loop)  # ``it = iter(dl)`` ... ``while True: yield next(it)``
+                            if pulled is not None:
+                                return self.source_of(pulled.value.args[0].value, pulled.order, pulled.scope, depth + 1)
         return iterable
 
     def _loops_around(self, site) -> list:

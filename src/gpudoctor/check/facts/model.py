@@ -9,6 +9,7 @@ from typing import Any, Iterator, Optional
 import libcst as cst
 
 from gpudoctor.check import apis
+from gpudoctor.check.facts.containers import ContainerItems
 from gpudoctor.check.facts.dicts import DictContentsQueries
 from gpudoctor.check.facts.lattice import DIFFUSION_PIPELINE, ExpressionValues
 from gpudoctor.check.facts.nodes import (
@@ -56,8 +57,17 @@ from gpudoctor.check.facts.values import (
 _LAUNCH_HINT = re.compile(
     r"accelerate\s+launch|torchrun|torch\.distributed\.(run|launch)|nproc_per_node|(?<![.\w])num_processes|"
     r"LOCAL_RANK|WORLD_SIZE|init_process_group|DistributedDataParallel|notebook_launcher|"
-    r"deepspeed\s+\S+\.py"
+    r"deepspeed(?:\s+-{1,2}\w[\w-]*(?:[= ][^\s-]\S*)?){0,12}\s+[\w./-]+\.py"
 )
+# A negation ending just before a launch hint (``don't use torchrun``, ``不要用 torchrun``, ``instead of
+# accelerate launch``): the comment names the launcher to say it is not used. Only the few words before the
+# hint on its line count (``_NEGATION_REACH`` characters), so "no GPU; run with torchrun" still is a hint.
+_NEGATED_LAUNCHER = re.compile(
+    r"(\b(do ?n[o']t|do not|never|not|no need (to|for)|without|instead of|rather than|avoid)\b|"
+    r"不要|不用|别|勿|无需|不需要|不能|而不是|而非)[^\n,;.，；。]{0,12}$",
+    re.IGNORECASE,
+)
+_NEGATION_REACH = 24
 # The process count a launch line states: ``--num_processes=1``, ``--nproc_per_node 1``, ``num_processes=1``.
 _STATED_COUNT = re.compile(r"""(num_processes|nproc[_-]per[_-]node|num_gpus)["']?\s*[=:\s]\s*["']?(\d+)\b""")
 # A test on the number of processes: ``PartialState().num_processes > 1``, ``world_size != 1``.
@@ -71,7 +81,7 @@ _MEMORY_SHORT_HINT = re.compile(
 )
 
 
-class FileFacts(DictContentsQueries, ExpressionValues):
+class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
     """Facts about one module. Build with :func:`collect`."""
 
     def __init__(self, module: cst.Module, source: str, path: str = "<string>") -> None:
@@ -112,6 +122,7 @@ class FileFacts(DictContentsQueries, ExpressionValues):
         self._instance_cache: dict[tuple[str, bool], Optional[apis.InstanceProfile]] = {}
         self._functions_by_name: Optional[dict[str, list[Scope]]] = None
         self._module_classes: Optional[set[str]] = None
+        self._temporaries: dict[int, Binding] = {}  # id(the one load of a single-use temporary) -> its binding
 
     # ---------------------------------------------------------------- questions for rules
 
@@ -188,6 +199,36 @@ class FileFacts(DictContentsQueries, ExpressionValues):
         out.sort(key=lambda c: c.order)
         return out
 
+    def trainer_base(self, class_name: str, depth: int = 0) -> Optional[str]:
+        """The qualified name of the transformers/trl trainer the file's class ``class_name`` derives from (through
+        the file's own classes: ``class BunnyTrainer(transformers.Trainer)``), else None."""
+        scope = self.classes.get(class_name)
+        if scope is None or depth > 5 or not isinstance(scope.node, cst.ClassDef):
+            return None
+        for base in scope.node.bases:
+            q = self.qualname(base.value) or ""
+            if q in apis.TRAINERS:
+                return q
+            if isinstance(base.value, cst.Name) and base.value.value in self.classes and base.value.value != class_name:
+                found = self.trainer_base(base.value.value, depth + 1)
+                if found is not None:
+                    return found
+        return None
+
+    def trainer_calls(self) -> list[CallSite]:
+        """Constructions of a transformers/trl trainer: the library classes and the file's subclasses of them
+        (``CustomTrainer(model=..., args=...)`` passes its arguments on to ``Trainer.__init__``)."""
+        found = self.__dict__.get("_trainer_calls")
+        if found is None:
+            found = list(self.calls_to(*apis.TRAINERS))
+            for site in self.calls:
+                func = site.node.func
+                if site.qualname is None and isinstance(func, cst.Name) and self.trainer_base(func.value) is not None:
+                    found.append(site)
+            found.sort(key=lambda c: c.order)
+            self.__dict__["_trainer_calls"] = found
+        return found
+
     def method_calls(self, *methods: str) -> Iterator[CallSite]:
         by_method = self.__dict__.get("_calls_by_method")
         if by_method is None:  # once per file (calls are in flow order, each list stays so)
@@ -245,7 +286,10 @@ class FileFacts(DictContentsQueries, ExpressionValues):
     def launch_hints(self) -> list[str]:
         """Evidence, from code or comments, that the file runs as several processes."""
         if self._launch_hints is None:
-            hints = sorted({m.group(0) for m in _LAUNCH_HINT.finditer(self.source) if not self._one_process_launch(m)})
+            hints = sorted({
+                m.group(0) for m in _LAUNCH_HINT.finditer(self.source)
+                if not self._one_process_launch(m) and not self._launcher_ruled_out(m)
+            })
             # ``if PartialState().num_processes > 1: raise SystemExit(...)``: the file refuses to run as
             # several processes, whatever its comments say about launchers.
             self._launch_hints = [] if hints and self._refuses_multi_process() else hints
@@ -257,6 +301,13 @@ class FileFacts(DictContentsQueries, ExpressionValues):
         end = self.source.find("\n", match.start())
         count = _STATED_COUNT.search(self.source, match.start(), len(self.source) if end < 0 else end)
         return count is not None and count.group(2) == "1"
+
+    def _launcher_ruled_out(self, match: re.Match) -> bool:
+        """The words just before the hint, on its own line, rule the launcher out: ``# python train.py (don't use
+        torchrun)``, ``# 单进程，不要用 torchrun``, ``# instead of accelerate launch``."""
+        line_start = self.source.rfind("\n", 0, match.start()) + 1
+        before = self.source[max(line_start, match.start() - _NEGATION_REACH):match.start()]
+        return _NEGATED_LAUNCHER.search(before) is not None
 
     def _refuses_multi_process(self) -> bool:
         for statement in self.module.body:
@@ -323,6 +374,14 @@ class FileFacts(DictContentsQueries, ExpressionValues):
             if a.order < order and (a.scope is scope or a.scope is self.module_scope) and dotted(a.target) == path
         ]
         return max(stores, key=lambda a: a.order) if stores else None
+
+    def through_temporary(self, node: Optional[cst.CSTNode]) -> Optional[cst.CSTNode]:
+        """The expression a single-use temporary stands for (``tmp = model.to(device)`` ... ``tmp.eval()``:
+        ``model.to(device)``, as if written ``model.to(device).eval()``), through chains of them; any other
+        node as it is."""
+        while node is not None and id(node) in self._temporaries:
+            node = self._temporaries[id(node)].value
+        return node
 
     def assignment_of(self, node: Optional[cst.CSTNode], order: int, scope: Scope) -> Optional[Binding]:
         """The plain ``name = value`` (or ``self.x = value``) that ``node`` refers to at ``order``; None for

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from gpudoctor.check import apis
 from gpudoctor.check.facts import TRAIT_DISPATCHED, TRAIT_OFFLOADED, FileFacts
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import multi_process_severity, snippet
@@ -22,10 +21,10 @@ class PrepareDispatchedModel(Rule):
         targets = []
         for site in facts.prepare_calls():
             targets += [(arg.value, site, "accelerator.prepare") for arg in site.node.args]
-        for site in facts.calls_to(*apis.TRAINERS):
+        for site in facts.trainer_calls():
             model = site.arg(0, "model")
             if model is not None:
-                targets.append((model, site, site.qualname.split(".")[-1]))
+                targets.append((model, site, (site.qualname or snippet(facts, site.node.func)).split(".")[-1]))
         for node, site, where in targets:
             value = facts.value(node, site.order, site.scope)
             device_map = value.trait(TRAIT_DISPATCHED)

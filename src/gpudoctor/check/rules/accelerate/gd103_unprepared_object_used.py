@@ -63,10 +63,9 @@ class UnpreparedObjectUsed(Rule):
         raw = name_key(source)
         prepared_used = bool(facts.loads_of(prepared, after=out.order))
         where = snippet(facts, site.node.func)
-        for use_node, receiver, stale, stale_kind in self._training_uses(facts, out.order, kind):
+        for use_node, receiver, stale, stale_kind, use_order, use_scope in self._training_uses(facts, out.order, kind, site.scope):
             if stale == prepared:
                 continue
-            use_order, use_scope = facts._position_of(use_node)
             if stale == raw and facts.binding_at(stale, use_order, use_scope) is not facts.binding_at(raw, site.order, site.scope):
                 continue  # another variable of the same name (a parameter, a local, a rebinding)
             if stale != raw and use_scope is not site.scope:
@@ -136,7 +135,7 @@ class UnpreparedObjectUsed(Rule):
         """The loop already iterates or steps one of this prepare call's outputs: a dead output is then for
         later (an eval loader), and the fragment's other objects may have been prepared in an earlier cell."""
         keys = {b.key for b in outputs}
-        return any(stale in keys for _, _, stale, _ in self._training_uses(facts, site.order, "unknown"))
+        return any(use[2] in keys for use in self._training_uses(facts, site.order, "unknown", site.scope))
 
     @staticmethod
     def _prepared_arguments(facts: FileFacts) -> set[str]:
@@ -154,33 +153,60 @@ class UnpreparedObjectUsed(Rule):
         unused = [b.key for b in outputs if not facts.loads_of(b.key, after=b.order)]
         return max(unused, key=shared) if unused else ""
 
-    def _training_uses(self, facts: FileFacts, after: int, kind: str):
-        """(node to report, stale key, inferred kind) for loader iterations and optimizer steps."""
+    def _training_uses(self, facts: FileFacts, after: int, kind: str, where):
+        """(node to report, receiver, stale key, inferred kind, order, scope) for loader iterations and optimizer
+        steps after ``after``. When the loop or the step is in a helper and uses its parameter
+        (``def train_one_epoch(model, loader, ...)``), the use is what each later call passes, reported at that
+        argument: the caller chose the object. A parameter of the function that calls prepare (``where``) is the
+        prepared object's own source and is not followed further."""
+        for node, receiver, key, found_kind, order, scope in self._direct_training_uses(facts, kind):
+            binding = facts.binding_at(key, order, scope)
+            if binding is not None and binding.kind == "param" and binding.scope is not where:
+                for argument, call_order, call_scope in facts._param_arguments(binding):
+                    passed = name_key(argument)
+                    if passed is not None and call_order > after:
+                        yield argument, argument, passed, found_kind, call_order, call_scope
+                continue
+            if order > after:
+                yield node, receiver, key, found_kind, order, scope
+
+    def _direct_training_uses(self, facts: FileFacts, kind: str):
         if kind in ("dataloader", "unknown"):
             for loop in facts.loops:
                 found = facts.iterated(loop)  # through tqdm/enumerate, iter()/next(), generators
-                if loop.order <= after or found is None:
+                if found is None:
                     continue
                 iterated = found[0]
                 key = name_key(iterated)
                 if key and self._loop_trains(facts, loop):
-                    yield iterated, iterated, key, "dataloader"
+                    # A helper's loop over its parameter is followed to the argument a call passes: the use
+                    # happens at that call.
+                    order, scope = _argument_position(facts, iterated) or (loop.order, loop.scope)
+                    yield iterated, iterated, key, "dataloader", order, scope
         if kind in ("optimizer", "unknown"):
             zeroed = {name_key(c.receiver) for c in facts.method_calls("zero_grad") if c.receiver is not None}
             stepped = {name_key(c.receiver) for c in facts.method_calls("step") if c.receiver is not None}
             for call in facts.method_calls("step", "zero_grad"):
                 key = name_key(call.receiver) if call.receiver is not None else None
-                if call.order <= after or key is None:
+                if key is None:
                     continue
                 value_kind = facts.value(call.receiver, call.order, call.scope).kind
                 if value_kind == "optimizer" or (value_kind == "unknown" and key in zeroed and key in stepped):
-                    yield call.node, call.receiver, key, "optimizer"
+                    yield call.node, call.receiver, key, "optimizer", call.order, call.scope
 
     @staticmethod
     def _loop_trains(facts: FileFacts, loop) -> bool:
         return any(
             c.method == "backward" and any(f is loop for f in c.context) for c in facts.calls
         )
+
+
+def _argument_position(facts: FileFacts, node: cst.CSTNode):
+    """(order, scope) of the call that passes ``node`` as an argument; None when ``node`` is no argument."""
+    for site in facts.calls:
+        if any(arg.value is node for arg in site.node.args):
+            return site.order, site.scope
+    return None
 
 
 def _undefined_here(value) -> bool:

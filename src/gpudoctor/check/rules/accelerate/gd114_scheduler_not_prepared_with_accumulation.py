@@ -127,8 +127,7 @@ def _counts_updates(facts: FileFacts, expr: cst.BaseExpression, order: int, scop
     steps_text = facts.module.code_for_node(steps_node)
     for node in walk(expr):
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Divide, cst.FloorDivide)):
-            divisor = facts.module.code_for_node(node.right)
-            if "accumulation" in divisor or divisor == steps_text:
+            if _is_accumulation_steps(facts, node.right, order, scope, steps_text):
                 return True
         key = name_key(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
         if key is not None:
@@ -141,4 +140,23 @@ def _counts_updates(facts: FileFacts, expr: cst.BaseExpression, order: int, scop
             if store is not None and store.value is not expr:
                 if _counts_updates(facts, store.value, store.order, store.scope, steps_node, depth + 1):
                     return True
+    return False
+
+
+def _is_accumulation_steps(facts: FileFacts, divisor: cst.BaseExpression, order: int, scope, steps_text: str,
+                           depth: int = 0) -> bool:
+    """The divisor is the accumulation count: named so, written like the Accelerator's argument, or a parameter
+    the caller fills with it (``def build(loader, accum)`` ... ``build(loader, 8)``)."""
+    text = facts.module.code_for_node(divisor)
+    if "accumulation" in text or text == steps_text:
+        return True
+    key = name_key(divisor)
+    binding = facts.binding_at(key, order, scope) if key is not None and depth < 3 else None
+    if binding is None:
+        return False
+    if binding.kind == "param":
+        passed = facts.param_argument(binding)
+        return passed is not None and _is_accumulation_steps(facts, passed[0], passed[1], passed[2], steps_text, depth + 1)
+    if binding.kind == "assign" and binding.value is not None:
+        return _is_accumulation_steps(facts, binding.value, binding.order, binding.scope, steps_text, depth + 1)
     return False

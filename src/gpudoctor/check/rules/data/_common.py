@@ -16,6 +16,8 @@ _KEEP_IDS_METHODS = {
     "flatten", "squeeze", "clone", "copy", "detach", "tolist", "to", "long", "contiguous", "cpu", "cuda",
     "view", "reshape", "numpy", "int",
 }
+# ``BatchEncoding`` methods that return the encoding itself.
+_ENCODING_MOVES = {"to"}
 _KEEP_IDS_FUNCS = {"torch.tensor", "torch.LongTensor", "torch.as_tensor", "numpy.array", "numpy.asarray"}
 _KEEP_IDS_BUILTINS = {"list", "tuple"}
 
@@ -106,21 +108,24 @@ def encoding_source(facts: FileFacts, node: cst.BaseExpression, order: int, scop
     call = tokenizer_call(facts, node)
     if call is not None:
         return call
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _ENCODING_MOVES:
+        # ``tokenizer(prompt, return_tensors="pt").to(device)``: ``BatchEncoding.to`` moves the tensors and returns
+        # the same encoding.
+        return encoding_source(facts, node.func.value, order, scope, depth + 1)
     if isinstance(node, cst.DictComp):
         # ``{k: v.to(device) for k, v in batch.items()}``: the same encoding, every tensor moved.
         mapped = _mapped_encoding(facts, node)
         return encoding_source(facts, mapped, order, scope, depth + 1) if mapped is not None else None
     binding = facts.assignment_of(node, order, scope)
-    if binding is not None:
+    if binding is not None and not _pulls_item(binding.value):
         return encoding_source(facts, binding.value, binding.order, binding.scope, depth + 1)
+    # A whole batch of ``DataLoader(..., collate_fn=lambda b: tokenizer(...))`` (``for batch in loader``, ``for i,
+    # batch in enumerate(tqdm(loader))``, ``batch = next(it)``): what the collate function returns.
+    collate = _collate_of_loader_item(facts, node, order, scope)
+    if collate is not None:
+        return encoding_source(facts, collate[0], collate[1], collate[2], depth + 1)
     key = name_key(node)
     binding = facts.binding_at(key, order, scope) if key is not None and "." not in key else None
-    if binding is not None and binding.kind == "for":
-        # ``for batch in loader`` over ``DataLoader(..., collate_fn=lambda b: tokenizer(...))``: the batches are
-        # what the collate function returns.
-        collate = _collate_of_loader_item(facts, binding)
-        if collate is not None:
-            return encoding_source(facts, collate[0], collate[1], collate[2], depth + 1)
     if binding is not None and binding.kind == "param":
         # a Dataset's ``__init__(self, encodings)`` ... ``QADataset(tokenizer(questions))``: every call passes one
         found = {id(c): c for c in (
@@ -150,22 +155,18 @@ def _mapped_encoding(facts: FileFacts, comp: cst.DictComp) -> Optional[cst.BaseE
     return None
 
 
-def _collate_of_loader_item(facts: FileFacts, binding) -> Optional[tuple[cst.BaseExpression, int, Scope]]:
+def _pulls_item(node: Optional[cst.BaseExpression]) -> bool:
+    """``next(it)``: an item of an iterable, not an encoding expression to follow."""
+    return isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "next"
+
+
+def _collate_of_loader_item(facts: FileFacts, node: cst.BaseExpression, order: int, scope: Scope) -> Optional[tuple[cst.BaseExpression, int, Scope]]:
     """What the collate function of the DataLoader a whole loop item comes from returns (the lambda's body, or the
-    single returned expression of the file's own function): (expression, order, scope), else None."""
-    iterable, path = binding.value, binding.path
-    while isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Name) and iterable.args:
-        name = iterable.func.value
-        if name == "enumerate" and path[:1] == (1,):
-            iterable, path = iterable.args[0].value, path[1:]
-        elif name in ("tqdm", "iter") and facts.qualname(iterable.func) in (None, "tqdm.tqdm", "tqdm.auto.tqdm"):
-            iterable = iterable.args[0].value
-        else:
-            break
-    if path or iterable is None:
-        return None
-    value = facts.value(iterable, binding.order, binding.scope)
-    loader = value.origin().node if value.kind == "dataloader" else None
+    single returned expression of the file's own function): (expression, order, scope), else None. The item is
+    read from the facts' lattice: a whole batch, through ``enumerate``/``tqdm``/``iter()``+``next()``/generators."""
+    item = facts.value(node, order, scope)
+    source = item.trait("loader") if item.kind == "batch" else None
+    loader = source.origin().node if source is not None else None
     collate = call_arg(loader, keyword="collate_fn") if isinstance(loader, cst.Call) else None
     if isinstance(collate, cst.Lambda):
         order, scope = facts._position_of(loader)

@@ -10,6 +10,7 @@ from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import language_model_kind, snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.data._common import (
+    code as code_of,
     dict_groups,
     encoding_source,
     ids_source,
@@ -17,6 +18,7 @@ from gpudoctor.check.rules.data._common import (
     padding_of,
     subscript_key,
     tokenized_text,
+    tokenizer_call,
 )
 
 
@@ -32,7 +34,7 @@ class LabelsFromSeparateTokenization(Rule):
     name = "labels-from-separate-tokenization"
     summary = "Causal-LM labels from a separate (target) tokenization instead of a copy of input_ids"
     severity = Severity.ERROR
-    triggers = ("labels",)
+    triggers = ("labels", "text_target")
 
     def check(self, facts: FileFacts):
         if language_model_kind(facts) != "causal":
@@ -55,6 +57,25 @@ class LabelsFromSeparateTokenization(Rule):
             if _ids_rewritten(facts, labels, order, scope) or _ids_rewritten(facts, _encoding_of(inputs), order, scope):
                 continue  # `enc["input_ids"][i] = prompt + answer`: the ids were rebuilt element-wise
             yield self.report(node, self._message(facts, labels, label_call, input_call), fix_hint=self._hint())
+        # ``tokenizer(prompt, text_target=answer)``: the encoder-decoder spelling, whose ``labels`` are the answer's ids
+        for site in facts.calls:
+            target = site.arg(keyword="text_target")
+            if target is None or tokenizer_call(facts, site.node) is None or gold_answers:
+                continue
+            source = site.arg(0, "text")
+            if source is None:
+                continue  # only the target tokenized: no input_ids to misalign with
+            text = code_of(facts, source)
+            yield self.report(
+                site.node,
+                f"`{snippet(facts, site.node, 70)}` puts the token ids of `{_short(code_of(facts, target))}` in "
+                f"`labels` (text_target=) next to `input_ids` of `{_short(text)}`: that is the encoder-decoder "
+                "format. A causal LM's loss (transformers `ForCausalLMLoss`) shifts the labels by one and compares "
+                "them with the logits of the input positions, so labels must be the input ids themselves; with "
+                "lengths that differ it raises \"ValueError: Expected input batch_size (B*L_input) to match target "
+                "batch_size (B*L_labels)\".",
+                fix_hint=self._hint(),
+            )
 
     def _pairs(self, facts: FileFacts) -> Iterator[tuple]:
         """(labels expr, input_ids expr or the encoding's tokenizer call, node to report, order, scope)."""

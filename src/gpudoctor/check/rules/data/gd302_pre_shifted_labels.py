@@ -9,7 +9,7 @@ from gpudoctor.check.facts import FileFacts, name_key, string_value
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import language_model_kind, snippet
 from gpudoctor.check.rule import Rule
-from gpudoctor.check.rules.data._common import code, computes_own_loss, dict_groups, shifted_base
+from gpudoctor.check.rules.data._common import code, computes_own_loss, dict_groups, peel, shifted_base
 
 _IDS = re.compile(r"ids|token", re.IGNORECASE)
 _MODEL_NAME = re.compile(r"(^|[._])\w*model$", re.IGNORECASE)
@@ -32,21 +32,19 @@ class PreShiftedLabels(Rule):
         for labels, inputs, where in self._candidates(facts):
             # ``labels = chunk[:, 1:]`` ... ``model(input_ids=input_ids, labels=labels)``: the local slices
             given = labels
-            labels, inputs = _sliced_local(facts, labels), _sliced_local(facts, inputs)
+            # ``torch.tensor(targets[1:])``: the wrappers that keep the ids do not change the shift.
+            labels = peel(facts, _sliced_local(facts, labels))
+            inputs = peel(facts, _sliced_local(facts, inputs)) if inputs is not None else None
             base = shifted_base(labels)
             if base is None:
                 continue
             # The token ids: named so, the very tensor given as ``input_ids=``, bound to ``batch["input_ids"]``,
-            # or the tensor ``input_ids=`` is cut from (``chunk[:, :-1]`` with ``chunk[:, 1:]`` as labels).
+            # or ``input_ids=`` cut at the end (``x[:, :-1]`` with ``y[:, 1:]`` as labels: the next-token shift done
+            # by hand, whether x and y are one tensor or the ids and their -100-masked copy).
             same_as_inputs = inputs is not None and code(facts, inputs) == code(facts, base)
-            cut_from_base = inputs is not None and shifted_base(inputs, upper=True) is not None and (
-                code(facts, shifted_base(inputs, upper=True)) == code(facts, base)
-            )
-            if not (_IDS.search(code(facts, base)) or same_as_inputs or cut_from_base or _bound_to_input_ids(facts, base)):
-                continue
             inputs_cut = inputs is not None and shifted_base(inputs, upper=True) is not None
-            if inputs_cut and code(facts, shifted_base(inputs, upper=True)) != code(facts, base):
-                inputs_cut = False
+            if not (_IDS.search(code(facts, base)) or same_as_inputs or inputs_cut or _bound_to_input_ids(facts, base)):
+                continue
             if inputs_cut:
                 effect = (
                     f"with `input_ids` cut to `{snippet(facts, inputs)}` the shapes match and nothing raises: "
@@ -58,7 +56,7 @@ class PreShiftedLabels(Rule):
                     "batch_size (B*L) to match target batch_size (B*(L-1))\" (padded back to L, it silently "
                     "predicts two tokens ahead)"
                 )
-            via = "" if given is labels else f"`{snippet(facts, given)}` is "
+            via = f"`{snippet(facts, given)}` is " if isinstance(given, cst.Name) else ""
             yield self.report(
                 given,
                 f"{via}`{snippet(facts, labels)}`{': it' if via else ''} shifts the labels by hand and they go to {where}, whose loss "
@@ -75,7 +73,8 @@ class PreShiftedLabels(Rule):
             labels = site.arg(keyword="labels")
             if labels is None or not self._is_model_call(facts, site):
                 continue
-            yield labels, site.arg(keyword="input_ids"), f"`{snippet(facts, site.node.func)}(...)`"
+            # ``model(x[:, :-1], labels=x[:, 1:])``: a causal LM's first positional parameter is input_ids
+            yield labels, site.arg(0, "input_ids"), f"`{snippet(facts, site.node.func)}(...)`"
         # Batches built by hand ({"input_ids": ..., "labels": ...}): only when nothing in the file computes
         # its own loss (a custom loss over logits is where shifting by hand is right).
         if computes_own_loss(facts):
@@ -89,6 +88,14 @@ class PreShiftedLabels(Rule):
             if len(target.slice) == 1 and isinstance(target.slice[0].slice, cst.Index):
                 if string_value(target.slice[0].slice.value) == "labels":
                     yield site.value, _sibling_input_ids(facts, site), "the model in the batch (`model(**batch)`/Trainer)"
+        # A Dataset/generator item returned as a pair cut by hand: ``return tokens[:-1], targets[1:]`` (or names
+        # bound to them, through ``torch.tensor(...)``): the "tokens < n predict n" shift done before the model.
+        # Only where labels reach an HF loss: a model call given ``labels=`` or a Trainer.
+        hf_loss = facts.trainer_calls() or any(
+            site.arg(keyword="labels") is not None and self._is_model_call(facts, site) for site in facts.calls
+        )
+        for labels, inputs in (_returned_shift_pairs(facts) if hf_loss else ()):
+            yield labels, inputs, "the model with each returned item (DataLoader batches -> `model(..., labels=...)`)"
 
     @staticmethod
     def _is_model_call(facts: FileFacts, site) -> bool:
@@ -100,6 +107,41 @@ class PreShiftedLabels(Rule):
         if key is None:
             return False
         return facts.value(func, site.order, site.scope).kind == "model" or bool(_MODEL_NAME.search(key))
+
+
+def _returned_shift_pairs(facts: FileFacts) -> Iterator[tuple[cst.BaseExpression, cst.BaseExpression]]:
+    """(labels, inputs) returned together by one of the file's functions where ``inputs`` is cut at the end
+    (``x[:-1]``) and ``labels`` starts one later (``y[1:]``), directly or through names bound in that function;
+    ``labels`` is the expression to report (the binding's value when returned by name)."""
+    for function in facts.functions:
+        for site in (*facts.returns.get(id(function), ()), *facts.yields.get(id(function), ())):
+            if site.kind == "yield from":
+                continue
+            value = site.value
+            elements = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else []
+            if len(elements) < 2:
+                continue
+            resolved = [_cut_of(facts, function, element, site.order) for element in elements]
+            inputs = [node for node, kind in resolved if kind == "upper"]
+            labels = [node for node, kind in resolved if kind == "lower"]
+            if len(inputs) == 1 and len(labels) == 1:
+                yield labels[0], inputs[0]
+
+
+def _cut_of(facts: FileFacts, function, element: cst.BaseExpression, order: int) -> tuple[cst.BaseExpression, Optional[str]]:
+    """(the expression, "lower" for ``y[1:]`` / "upper" for ``x[:-1]`` / None), seen through ``torch.tensor(...)``-like
+    wrappers and a name bound once in ``function`` before ``order``."""
+    node = element
+    if isinstance(element, cst.Name):
+        bindings = [b for b in function.bindings.get(element.value, ()) if b.order < order and b.kind == "assign"]
+        if len(bindings) == 1 and bindings[0].value is not None:
+            node = bindings[0].value
+    peeled = peel(facts, node)
+    if shifted_base(peeled) is not None:
+        return node, "lower"
+    if shifted_base(peeled, upper=True) is not None:
+        return node, "upper"
+    return node, None
 
 
 def _sliced_local(facts: FileFacts, node: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:

@@ -5,7 +5,7 @@ from typing import Iterator
 
 import libcst as cst
 
-from gpudoctor.check.facts import FileFacts, Scope, string_value
+from gpudoctor.check.facts import FileFacts, Scope, call_arg, is_true, string_value
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import language_model_kind, snippet
 from gpudoctor.check.rule import Rule
@@ -49,7 +49,7 @@ class PaddingLabelsNotMasked(Rule):
         reported = set()
         for labels, call, order, scope in self._copies(facts):
             padding = padding_of(facts, call)
-            if padding is None or (padding == "longest" and not _batched(call)):
+            if padding is None or (padding == "longest" and not _batched(facts, call)):
                 continue  # padding=True on one text pads nothing
             if id(labels) in reported:
                 continue
@@ -106,10 +106,28 @@ class PaddingLabelsNotMasked(Rule):
                 yield site.value, encoding, site.order, site.scope
 
 
-def _batched(call: cst.Call) -> bool:
-    """The tokenizer gets several texts at once (a list display or comprehension)."""
+def _batched(facts: FileFacts, call: cst.Call) -> bool:
+    """The tokenizer gets several texts at once: a list display or comprehension, a name bound to one in the same
+    function (``texts = [b["text"] for b in batch]`` in a collate function), or a column of the batch a
+    ``.map(fn, batched=True)`` function receives (``tokenizer(examples["text"], padding=True)``)."""
     first = call.args[0].value if call.args and call.args[0].keyword is None else None
-    return isinstance(first, (cst.List, cst.ListComp))
+    if isinstance(first, (cst.List, cst.ListComp)):
+        return True
+    site = facts.call_site(call)
+    if site is None or first is None:
+        return False
+    if isinstance(first, cst.Name):
+        binding = facts.binding_at(first.value, site.order, site.scope)
+        if binding is not None and binding.kind == "assign" and isinstance(binding.value, (cst.List, cst.ListComp)):
+            return True
+    if isinstance(first, cst.Subscript) and isinstance(first.value, cst.Name) and site.scope.kind == "function":
+        # ``def tokenize(examples): tokenizer(examples["text"], ...)`` mapped with ``batched=True``
+        function = site.scope.name
+        for mapped in facts.method_calls("map"):
+            given = mapped.arg(0, "function")
+            if isinstance(given, cst.Name) and given.value == function and is_true(call_arg(mapped.node, keyword="batched")):
+                return True
+    return False
 
 
 def _pads_with_eos(facts: FileFacts) -> bool:
@@ -117,7 +135,8 @@ def _pads_with_eos(facts: FileFacts) -> bool:
     the decoder-only (causal LM) families; read when the file names no model class (a preprocessing script)."""
     for site in facts.attribute_assigns:
         attr = site.target.attr.value
-        value = site.value
+        assigned = facts.assignment_of(site.value, site.order, site.scope)  # ``eos = tokenizer.eos_token`` first
+        value = assigned.value if assigned is not None else site.value
         if attr in ("pad_token", "pad_token_id") and isinstance(value, cst.Attribute) and value.attr.value in (
             "eos_token", "eos_token_id"
         ):

@@ -82,8 +82,8 @@ class ArgmaxAsGeneration(Rule):
             return None
         if not _last_dim(dim):
             return None
-        logits = peel(facts, logits) if logits is not None else None
-        if not (isinstance(logits, cst.Attribute) and logits.attr.value == "logits"):
+        logits = _logits_expression(facts, logits, site.order, site.scope)
+        if logits is None:
             return None
         forward = self._forward(facts, logits.value, site.order, site.scope)
         if forward is None:
@@ -113,6 +113,22 @@ class ArgmaxAsGeneration(Rule):
             elif ids_source(facts, value, site.order, site.scope) is not None or _tokenized_ids(facts, value, site):
                 return site
         return None
+
+
+def _logits_expression(facts: FileFacts, node, order: int, scope: Scope) -> Optional[cst.Attribute]:
+    """``X.logits`` the argmax reads: directly, or through a name (``logits = model(ids).logits``). A slice of
+    it (``logits[:, -1, :]``, one greedy decoding step) is not the whole teacher-forced sequence: None."""
+    for _ in range(4):
+        if node is None:
+            return None
+        node = peel(facts, node)
+        if isinstance(node, cst.Attribute) and node.attr.value == "logits":
+            return node
+        binding = facts.assignment_of(node, order, scope) if isinstance(node, cst.Name) else None
+        if binding is None:
+            return None
+        node, order, scope = binding.value, binding.order, binding.scope
+    return None
 
 
 def _tokenized_ids(facts: FileFacts, value, site: CallSite) -> bool:

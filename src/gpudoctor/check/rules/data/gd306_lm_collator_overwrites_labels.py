@@ -76,7 +76,7 @@ def _masks(facts: FileFacts, value: cst.BaseExpression, order: int, scope, depth
     """The value masks a prefix itself, through the names it was built in, or by ``labels[:n] = -100``."""
     if depth > 4:
         return False
-    if _MASKED.search(code(facts, value)) or _builds_mask(facts, value, order, scope):
+    if _MASKED.search(code(facts, value)) or _builds_mask(facts, value, order, scope) or _masks_by_position(facts, value, order, scope):
         return True
     key = name_key(value)
     if key is None:
@@ -99,6 +99,20 @@ def _masks(facts: FileFacts, value: cst.BaseExpression, order: int, scope, depth
     )
 
 
+def _masks_by_position(facts: FileFacts, value: cst.BaseExpression, order: int, scope) -> bool:
+    """``[t if i >= prompt_len else -100 for i, t in enumerate(ids)]``: a comprehension that puts the ignore index
+    on the positions its test picks, when the test is not about padding (``if m`` over an attention mask, a pad id:
+    the collator masks padding the same way)."""
+    if not isinstance(value, (cst.ListComp, cst.GeneratorExp)) or not isinstance(value.elt, cst.IfExp):
+        return False
+    choice = value.elt
+    if not (_is_ignore(facts, choice.body, order, scope) or _is_ignore(facts, choice.orelse, order, scope)):
+        return False
+    # what the test reads: its own names and what the comprehension iterates (``zip(ids, enc["attention_mask"])``)
+    tested = code(facts, choice.test) + " " + code(facts, value.for_in.iter)
+    return not re.search(r"mask|pad", tested, re.IGNORECASE)
+
+
 def _prefix_slice(target: cst.Subscript) -> bool:
     """``x[:n]`` / ``x[0:n]``: a slice from the start (a prompt prefix), not ``x[n:]`` (padding at the end)."""
     if len(target.slice) != 1 or not isinstance(target.slice[0].slice, cst.Slice):
@@ -109,7 +123,10 @@ def _prefix_slice(target: cst.Subscript) -> bool:
 
 def _builds_mask(facts: FileFacts, value: cst.BaseExpression, order: int, scope) -> bool:
     """``[X] * n`` / ``n * [X]`` / ``torch.full(..., X)`` where X is the ignore index, also through a name
-    (``IGNORE = -100``, renamed or held in a temporary)."""
+    (``IGNORE = -100``, renamed or held in a temporary; ``mask = [IGNORE] * n`` ... ``labels[:n] = mask``)."""
+    assigned = facts.assignment_of(value, order, scope)
+    if assigned is not None:
+        value, order, scope = assigned.value, assigned.order, assigned.scope
     for node in walk(value):
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
             for side in (node.left, node.right):

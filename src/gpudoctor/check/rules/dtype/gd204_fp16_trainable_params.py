@@ -65,7 +65,7 @@ class Fp16TrainableParams(Rule):
     triggers = ("fp16", "GradScaler", ".half(", "float16")
 
     def check(self, facts: FileFacts):
-        if facts.calls_to(*apis.PASSTHROUGH) or self._upcast_loop(facts):
+        if facts.calls_to(*apis.PASSTHROUGH) or self._upcast_loop(facts) or self._submodule_kept_float32(facts):
             return  # trainable params are upcast to float32 (prepare_model_for_kbit_training or by hand)
         found = self._amp(facts)
         if found is None:
@@ -169,6 +169,29 @@ class Fp16TrainableParams(Rule):
             body = facts.module.code_for_node(loop.node.body)
             if ".float()" in body or "float32" in body:
                 return True
+        return False
+
+    @staticmethod
+    def _submodule_kept_float32(facts: FileFacts) -> bool:
+        """``model.half()`` then ``model.transformer.prefix_encoder.float()`` (ChatGLM P-tuning v2; also
+        ``.float().cuda()``, ``.to(torch.float32)``): a sub-module of the model cast back to float32 in place, the
+        recipe that trains an fp32 part (prefix encoder, head) on a frozen fp16 body, like the hand upcast of the
+        trainable parameters above."""
+        for site in facts.calls:
+            if not site.statement:
+                continue
+            call = site.node
+            while isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute):  # ``X.float().cuda()``
+                method, receiver = call.func.attr.value, call.func.value
+                dtype = call_arg(call, 0, "dtype")
+                to_float32 = method == "to" and dtype is not None and facts.qualname(dtype) in ("torch.float32", "torch.float")
+                if (method == "float" or to_float32) and isinstance(receiver, cst.Attribute):
+                    owner = receiver.value
+                    while isinstance(owner, cst.Attribute) and facts.value(owner, site.order, site.scope).kind != "model":
+                        owner = owner.value
+                    if facts.value(owner, site.order, site.scope).kind == "model":
+                        return True
+                call = receiver
         return False
 
     @staticmethod

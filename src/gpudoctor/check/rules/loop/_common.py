@@ -8,7 +8,6 @@ from typing import Iterable, Optional
 
 import libcst as cst
 
-from gpudoctor.check import apis
 from gpudoctor.check.facts import CallSite, FileFacts, FunctionFrame, IfFrame, LoopFrame, Scope, name_key
 
 _OPTIMIZER_NAME = re.compile(r"(^|[._])(opt|optim|optimizer|optimiser)s?(_\w+)?$|optimizer", re.IGNORECASE)
@@ -127,11 +126,18 @@ def is_optimizer_call(facts: FileFacts, site: CallSite) -> bool:
 
 def _steps_and_zeroes(facts: FileFacts, site: CallSite) -> bool:
     """An unknown object whose ``.step()`` and ``.zero_grad()`` are both called in one function is used as an
-    optimizer (a module has no ``step``, a scheduler no ``zero_grad``), whatever its name."""
+    optimizer (a module has no ``step``, a scheduler no ``zero_grad``), whatever its name; a GradScaler's
+    ``scaler.step(opt)`` steps it too."""
     key = name_key(site.receiver)
     if key is None:
         return False
     methods = {c.method for c in facts._calls_on_key.get(key, ()) if c.scope is site.scope}
+    if "zero_grad" in methods and "step" not in methods and any(
+        c.scope is site.scope and c.node.args and name_key(c.node.args[0].value) == key
+        and receiver_kind(facts, c) == "grad_scaler"
+        for c in facts.method_calls("step")
+    ):
+        methods.add("step")
     return {"step", "zero_grad"} <= methods
 
 
@@ -224,7 +230,7 @@ def calling_loops(facts: FileFacts, scope: Scope, depth: int = 3) -> list[tuple[
 
 
 def trainer_in_file(facts: FileFacts) -> bool:
-    return bool(facts.calls_to(*apis.TRAINERS))
+    return bool(facts.trainer_calls())
 
 
 def first(iterable: Iterable):

@@ -10,7 +10,10 @@ from gpudoctor.check.queries import multi_process_severity, snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.loop._common import in_loop, is_backward
 
-_GATHERS = re.compile(r"gather|all_reduce|reduce\(|all_gather|reduce_tensor|sync_across|dist\.reduce|reduce_mean")
+# Callee names that combine values across processes: ``accelerator.gather_for_metrics``, ``dist.all_reduce``,
+# ``accelerator.reduce``, ``gather_object``, a helper ``reduce_tensor``/``reduce_mean``, ``sync_across_processes``
+# (whole snake_case words: ``ReduceLROnPlateau`` and ``reduced_size`` are not a reduction across processes).
+_GATHERS = re.compile(r"(?:^|_)(?:all)?(?:gather|reduce)(?:_|$)|sync_across")
 
 
 class ShardedEvalMetrics(Rule):
@@ -26,7 +29,7 @@ class ShardedEvalMetrics(Rule):
     triggers = ("prepare", "DistributedSampler")
 
     def check(self, facts: FileFacts):
-        if _GATHERS.search(facts.source):
+        if _gathers_across_processes(facts):
             return
         severity, why = multi_process_severity(facts)
         if not severity.fails:
@@ -89,3 +92,20 @@ class ShardedEvalMetrics(Rule):
     def _scope(facts: FileFacts, loop):
         site = next((c for c in facts.calls if in_loop(c, loop)), None)
         return site.scope if site is not None else facts.module_scope
+
+
+def _gathers_across_processes(facts: FileFacts) -> bool:
+    """The file calls something that gathers or reduces across processes (read from its calls, not its text: a
+    docstring or comment that mentions ``accelerator.gather()`` gathers nothing)."""
+    for site in facts.calls:
+        if site.qualname == "functools.reduce":
+            continue
+        indexing = site.arg(1, "index") is not None and not (site.qualname or "").startswith("torch.distributed.")
+        if (site.method == "gather" or site.qualname == "torch.gather") and indexing:
+            continue  # ``logits.gather(1, index)``: indexing this process's tensor (a process gather takes one tensor)
+        func = site.node.func
+        spelled = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+        resolved = (site.qualname or "").rpartition(".")[2]
+        if _GATHERS.search(spelled) or _GATHERS.search(resolved):
+            return True
+    return False

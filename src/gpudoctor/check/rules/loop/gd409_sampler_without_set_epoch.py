@@ -135,7 +135,7 @@ class SamplerWithoutSetEpoch(Rule):
         out = []
         for loop in facts.loops:
             found = facts.iterated(loop)
-            if found is not None and (found[0] is loader or name_key(found[0]) in keys):
+            if found is not None and (found[0] is loader or name_key(found[0]) in keys) and not _yields_items(facts, loop):
                 out.append(loop)
         return out
 
@@ -143,10 +143,7 @@ class SamplerWithoutSetEpoch(Rule):
     def _epoch_loop(facts: FileFacts):
         """The first loop whose head names epochs, or that runs a loop over a DataLoader (directly or through a
         call of the file's own function that has one); None when there is none."""
-        loader_loops = [
-            loop for loop in facts.loops
-            if isinstance(loop.node, cst.For) and facts.item_of(loop.iter, loop.order, loop.scope, ()).kind == "batch"
-        ]
+        loader_loops = [loop for loop in facts.loops if _iterates_loader(facts, loop)]
         loader_functions = {id(loop.scope) for loop in loader_loops if loop.scope is not None and loop.scope.kind == "function"}
         for loop in facts.loops:
             node = loop.node
@@ -160,6 +157,21 @@ class SamplerWithoutSetEpoch(Rule):
                 if loop.order < site.order < loop.end_order and any(id(s) in loader_functions for s in facts.callee_scopes(site)):
                     return node
         return None
+
+
+def _yields_items(facts: FileFacts, loop) -> bool:
+    """A generator's loop that yields what it iterates: the loop that consumes the generator is the one that
+    trains or evaluates (``for x, y in batches(loader)`` over ``def batches(it): for b in it: yield b``)."""
+    return any(loop.order < y.order < loop.end_order for y in facts.yields.get(id(loop.scope), ()))
+
+
+def _iterates_loader(facts: FileFacts, loop) -> bool:
+    """The loop runs over a DataLoader, whatever names it: ``for x, y in loader``, ``for i, (x, y) in
+    enumerate(tqdm(loader))``, ``while True: batch = next(it)`` over ``iter(loader)``, the file's generators."""
+    if isinstance(loop.node, cst.For) and facts.item_of(loop.iter, loop.order, loop.scope, ()).kind == "batch":
+        return True
+    found = facts.iterated(loop)
+    return found is not None and facts.value(found[0], loop.order, loop.scope).kind == "dataloader"
 
 
 def _loop_head(loop: cst.CSTNode) -> cst.CSTNode:

@@ -112,6 +112,11 @@ class WrappedStateDictLoadedUnwrapped(Rule):
         if isinstance(arg, cst.Call) and facts.qualname(arg.func) == "torch.load":
             path = call_arg(arg, 0, "f")
             return ((self._path_text(facts, path), keys), filtered) if path is not None else None
+        if isinstance(arg, cst.Call):  # ``ckpt = load_checkpoint()``: the file's helper that returns ``torch.load(...)``
+            built = facts.built_by(arg, order, scope)
+            site = facts.call_site(built) if built is not arg and isinstance(built, cst.Call) else None
+            if site is not None:
+                return self._trace(facts, built, site.order, site.scope, keys, filtered, depth + 1)
         if isinstance(arg, cst.DictComp):
             source = _same_keys_source(arg)
             if source is None:

@@ -126,6 +126,13 @@ class OptimizerBeforeAdapters(Rule):
                     return site.node, f"`{snippet(facts, site.node)}` adds new adapter weights and freezes the base", site.order
             if site.method in _REPLACING_METHODS and name_key(site.receiver) == model_key:
                 return site.node, f"`{snippet(facts, site.node)}` replaces parameters", site.order
+            if _shards_parameters(facts, site) and name_key(site.arg(0, "module")) == model_key:
+                return (
+                    site.node,
+                    f"`{snippet(facts, site.node)}` replaces the module's parameters with sharded ones (the optimizer's "
+                    "old Parameter objects get no gradient)",
+                    site.order,
+                )
         # model.head = nn.Linear(...) / model.fc.weight = nn.Parameter(...), also through a temporary
         for assign in facts.attribute_assigns:
             if assign.order <= after or assign.scope is not scope or _root(assign.target) != model_key:
@@ -139,6 +146,18 @@ class OptimizerBeforeAdapters(Rule):
         return None
 
 
+def _shards_parameters(facts: FileFacts, site) -> bool:
+    """FSDP wrapping that swaps the module's Parameter objects: ``FullyShardedDataParallel(m)`` with the default
+    ``use_orig_params=False`` (FlatParameter) and FSDP2's ``fully_shard(m)`` (DTensor parameters). With
+    ``use_orig_params=True`` FSDP1 keeps the original objects (torch 2.13, verified)."""
+    if site.qualname in apis.FSDP2_SHARD:
+        return True
+    if site.qualname in apis.FSDP_WRAP:
+        keep = site.arg(keyword="use_orig_params")
+        return keep is None or (isinstance(keep, cst.Name) and keep.value == "False")
+    return False
+
+
 def _model_key_in(facts: FileFacts, owner: cst.BaseExpression, site, holder) -> Optional[str]:
     """The model the optimizer ``site`` covers, named as in the scope that holds it: ``build_optimizer(net)``
     builds over its parameter ``net``; in ``optimizer = build_optimizer(model)`` that is ``model`` (the argument
@@ -148,9 +167,34 @@ def _model_key_in(facts: FileFacts, owner: cst.BaseExpression, site, holder) -> 
         return key
     binding = facts.binding_at(key, site.order, site.scope)
     if binding is None or binding.kind != "param":
-        return key
+        # ``model, optimizer = load_pretrain(...)``: the helper returns its model next to the optimizer
+        return _unpacked_with(facts, owner, site, holder) or key
     passed = [name_key(arg) for arg, _, scope in facts._param_arguments(binding) if scope is holder.scope]
     return passed[0] if len(set(passed)) == 1 else None
+
+
+def _unpacked_with(facts: FileFacts, owner: cst.BaseExpression, site, holder) -> Optional[str]:
+    """``net, opt = load_pretrain(...)`` where the helper ends ``return model, optimizer``: the name the holder's
+    scope unpacks the helper's model into (the element returned next to the optimizer)."""
+    owner_key = name_key(owner)
+    call = facts.call_site(holder.value) if holder.kind == "unpack" and isinstance(holder.value, cst.Call) else None
+    if call is None or owner_key is None:
+        return None
+    siblings = [
+        b for bindings in holder.scope.bindings.values() for b in bindings
+        if b is not holder and b.kind == "unpack" and b.value is holder.value and b.index is not None
+    ]
+    for callee in facts.callee_scopes(call):
+        if callee is not site.scope:
+            continue
+        for ret in facts.returns.get(id(callee), ()):
+            if not isinstance(ret.value, cst.Tuple):
+                continue
+            elements = [e.value for e in ret.value.elements]
+            for other in siblings:
+                if other.index < len(elements) and name_key(elements[other.index]) == owner_key:
+                    return other.key
+    return None
 
 
 def _timelines(facts: FileFacts, class_name: str, methods) -> list[list[tuple]]:

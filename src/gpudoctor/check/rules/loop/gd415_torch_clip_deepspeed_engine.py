@@ -30,7 +30,7 @@ class TorchClipDeepspeedEngine(Rule):
             return
         for site in facts.calls_to(*apis.TORCH_CLIP):
             owner = parameters_owner(facts, site.arg(0, "parameters"), site.order, site.scope)  # also `params = m.parameters()`
-            key = name_key(owner) if owner is not None else None
+            key = _engine_key(owner)
             if key is None:
                 continue
             init = next((i for i, names in engines if i.order < site.order and key in names), None)
@@ -62,6 +62,14 @@ class TorchClipDeepspeedEngine(Rule):
                 names.add(name_key(module))
             if names:
                 yield site, names
+
+
+def _engine_key(owner: Optional[cst.BaseExpression]) -> Optional[str]:
+    """The name whose parameters are clipped: ``engine`` for ``engine.parameters()`` and for
+    ``engine.module.parameters()`` (``DeepSpeedEngine.module`` is the wrapped model: the same parameters)."""
+    if type(owner) is cst.Attribute and owner.attr.value == "module":
+        owner = owner.value
+    return name_key(owner)
 
 
 def _module_arg(call: cst.Call) -> Optional[cst.BaseExpression]:

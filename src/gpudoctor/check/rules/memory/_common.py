@@ -35,9 +35,28 @@ def forward_target(facts: FileFacts, site: CallSite) -> Optional[cst.BaseExpress
         return None
     if facts.value(func, site.order, site.scope).kind == "model" or _MODEL_NAME.search(key):
         return func
-    if _mode_switched(facts, key, site):
+    if _mode_switched(facts, key, site) or _result_backpropagated(facts, site):
         return func
     return None
+
+
+def _result_backpropagated(facts: FileFacts, site: CallSite) -> bool:
+    """``out = f(**batch)`` then ``out.loss.backward()`` (or ``out.backward()``, ``accelerator.backward(out[0])``)
+    in the same function: the call's result carries an autograd graph, so the call is a forward pass, whatever
+    ``f`` is named."""
+    for binding in facts._bindings_of_value(site.node):
+        if binding.kind != "assign" or binding.scope is not site.scope:
+            continue
+        for call in facts.method_calls("backward"):
+            if call.scope is not site.scope or call.order <= binding.order:
+                continue
+            for read in (call.receiver, *(a.value for a in call.node.args)):
+                root = read
+                while isinstance(root, (cst.Attribute, cst.Subscript)):
+                    root = root.value
+                if name_key(root) == binding.key and facts.binding_at(binding.key, call.order, call.scope) is binding:
+                    return True
+    return False
 
 
 def _mode_switched(facts: FileFacts, key: str, site: CallSite) -> bool:

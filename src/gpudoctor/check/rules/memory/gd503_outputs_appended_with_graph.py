@@ -40,6 +40,8 @@ class OutputsAppendedWithGraph(Rule):
             binding = facts.binding_at(key, loops[0].order, site.scope)
             if binding is None or binding.order > loops[0].order or not isinstance(binding.value, (cst.List, cst.Call)):
                 continue  # the list must outlive the loop iterations
+            if _bounded(facts, key, binding, loops[-1]):
+                continue  # a deque(maxlen=...), or a list emptied in the loop: it keeps a few steps, it does not grow
             value = site.node.args[0].value
             kind = graph_tensor(facts, value, site.order, site.scope)
             if kind is None:
@@ -68,3 +70,19 @@ class OutputsAppendedWithGraph(Rule):
                 fix_hint=f"Append `{snippet(facts, value, 40)}.detach().cpu()` (or `.item()`/`.tolist()` for "
                 "numbers), and run evaluation under `torch.no_grad()`.",
             )
+
+
+def _bounded(facts: FileFacts, key: str, binding, loop) -> bool:
+    """The container ``key`` keeps a bounded number of items across the iterations of ``loop``: a
+    ``deque(maxlen=n)``, or it is emptied inside the loop (``key.clear()``, ``key = []``)."""
+    made = binding.value
+    if isinstance(made, cst.Call) and facts.qualname(made.func) == "collections.deque":
+        maxlen = made.args[1].value if len(made.args) > 1 and made.args[1].keyword is None else None
+        maxlen = next((a.value for a in made.args if a.keyword is not None and a.keyword.value == "maxlen"), maxlen)
+        if maxlen is not None and not (isinstance(maxlen, cst.Name) and maxlen.value == "None"):
+            return True
+    emptied = any(
+        loop.order < c.order < loop.end_order and c.method == "clear" and name_key(c.receiver) == key for c in facts.calls
+    )
+    rebound = any(loop.order < b.order < loop.end_order and b.kind == "assign" for b in binding.scope.bindings.get(key, ()))
+    return emptied or rebound

@@ -555,17 +555,11 @@ def cpu_computed(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scop
                 reduced = method in _REDUCTIONS and not node.args
                 return found[0], found[1] and not reduced
             return None
-        if _own_function_call(facts, node):
+        if _own_function_call(facts, node):  # every return on the CPU (its parameters as this call passes them)
             site = facts.call_site(node)
-            found = None
-            for callee in facts.callee_scopes(site):
-                context = FollowedCall(site, callee)
-                for ret in facts.returns.get(id(callee), ()):
-                    result = cpu_computed(facts, ret.value, ret.order, ret.scope, depth + 1, context)
-                    if result is None:
-                        return None  # one return that may be elsewhere: not proven
-                    found = found or result
-            return found
+            return facts.every_return(
+                site, lambda value, at, within, callee: cpu_computed(facts, value, at, within, depth + 1, FollowedCall(site, callee))
+            )
         return None
     if isinstance(node, cst.BinaryOperation):
         sides = [cpu_computed(facts, side, order, scope, depth + 1, passed) for side in (node.left, node.right)]
@@ -638,6 +632,15 @@ def on_accelerator(facts: FileFacts, node: Optional[cst.CSTNode], order: int, sc
     comparisons, names and parameters (every call of the file passes one); None when not shown."""
     if node is None or depth > 20:
         return None
+    q = facts.qualname(node.func) if isinstance(node, cst.Call) else None
+    if q in CREATION:  # ``torch.tensor(obs, device=device)``
+        target = call_arg(node, keyword="device")
+        return node if target is not None and accelerator_device(facts, target, order, scope, depth + 1) else None
+    if q in _JOINING:  # ``torch.cat(batch.state)``: where the joined tensors are
+        return _all_on_accelerator(facts, facts.items_of(call_arg(node, 0, "tensors"), order, scope), depth)
+    if isinstance(node, cst.IfExp):  # ``None if terminated else torch.tensor(obs, device=device)``
+        branches = [b for b in (node.body, node.orelse) if not _is_none(b)]
+        return _all_on_accelerator(facts, [(b, order, scope) for b in branches], depth)
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
         method = node.func.attr.value
         if method in ("cuda", "xpu", "npu", "mps") and facts.qualname(node.func) is None:
@@ -667,7 +670,45 @@ def on_accelerator(facts: FileFacts, node: Optional[cst.CSTNode], order: int, sc
     if binding is not None and binding.kind == "unpack" and isinstance(binding.value, cst.Call) and binding.path \
             and _own_function_call(facts, binding.value):
         return _returned_on_accelerator(facts, binding.value, binding.path, depth)  # ``x, y = get_batch(data, i)``
+    if binding is not None and binding.kind == "for" and binding.value is not None:
+        return _item_on_accelerator(facts, binding, depth)  # ``[s for s in batch.next_state if s is not None]``
     return facts.through_name(lambda *source: on_accelerator(facts, *source, depth + 1), node, order, scope)
+
+
+# torch functions that join tensors: the result is on the device of the tensors joined.
+_JOINING = {"torch.cat", "torch.concat", "torch.concatenate", "torch.stack", "torch.hstack", "torch.vstack", "torch.dstack"}
+
+
+def _is_none(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.Name) and node.value == "None"
+
+
+def _all_on_accelerator(facts: FileFacts, sources: Optional[list], depth: int) -> Optional[cst.CSTNode]:
+    """The call that puts the first of ``sources`` (expression, order, scope) on an accelerator, when every one
+    that is not ``None`` is shown on one (tensors joined, a sequence's items, the branches of a conditional)."""
+    found = None
+    for node, order, scope in sources or ():
+        if _is_none(node):
+            continue
+        placed = on_accelerator(facts, node, order, scope, depth + 1)
+        if placed is None:
+            return None
+        found = found or placed
+    return found
+
+
+def _item_on_accelerator(facts: FileFacts, binding, depth: int) -> Optional[cst.CSTNode]:
+    """A ``for`` target (a comprehension's too) is on an accelerator when every item of what it iterates is (the
+    part at its unpacking path of each stored record)."""
+    items = facts.items_of(binding.value, binding.order, binding.scope)
+    if items is None or len(binding.path) > 1:
+        return None
+    if binding.path:
+        parts = [facts.record_field(node, binding.path[0], order, scope) for node, order, scope in items]
+        if any(part is None for part in parts):
+            return None
+        items = [source for part in parts for source in part]
+    return _all_on_accelerator(facts, items, depth)
 
 
 def only_called_in_callee(facts: FileFacts, call, key: str) -> bool:
@@ -680,17 +721,12 @@ def only_called_in_callee(facts: FileFacts, call, key: str) -> bool:
     for function in callees:
         if not isinstance(function.node, cst.FunctionDef):
             return False
-        params = [*function.node.params.posonly_params, *function.node.params.params]
-        if function.parent is not None and function.parent.kind == "class" and params:
-            params = params[1:]  # self
-        names = set()
-        for position, arg in enumerate(call.node.args):
-            if name_key(arg.value) != key or arg.star:
-                continue
-            if arg.keyword is not None:
-                names.add(arg.keyword.value)
-            elif position < len(params):
-                names.add(params[position].name.value)
+        parameters = function.node.params
+        names = {
+            param.name.value
+            for param in (*parameters.posonly_params, *parameters.params, *parameters.kwonly_params)
+            if name_key(facts.argument_for(call, function, param)) == key
+        }
         if not names:
             return False
         up = parents(facts, function.node)
@@ -707,21 +743,9 @@ def only_called_in_callee(facts: FileFacts, call, key: str) -> bool:
 def _returned_on_accelerator(facts: FileFacts, call: cst.Call, path: tuple[int, ...], depth: int) -> Optional[cst.CSTNode]:
     """What the file's own helper returns (the element at ``path`` of a returned tuple) is on an accelerator on
     every ``return`` of it; None when one return is not shown to be, or a return's shape does not fit ``path``."""
-    site = facts.call_site(call)
-    returns = [ret for callee in facts.callee_scopes(site) for ret in facts.returns.get(id(callee), ())]
-    found = None
-    for ret in returns:
-        if ret.kind != "return" or ret.value is None:
-            return None
-        value = ret.value
-        for index in path:
-            if not isinstance(value, cst.Tuple) or index >= len(value.elements) or value.elements[index].value is None:
-                return None
-            value = value.elements[index].value
-        found = on_accelerator(facts, value, ret.order, ret.scope, depth + 1)
-        if found is None:
-            return None
-    return found
+    return facts.every_return(
+        facts.call_site(call), lambda value, order, scope, _callee: on_accelerator(facts, value, order, scope, depth + 1), path
+    )
 
 
 def accelerator_device(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0) -> bool:
@@ -738,10 +762,20 @@ def accelerator_device(facts: FileFacts, node: Optional[cst.CSTNode], order: int
         return accelerator_device(facts, call_arg(node, 0, "type"), order, scope, depth + 1)
     if isinstance(node, cst.Attribute) and node.attr.value == "device":
         return on_accelerator(facts, node.value, order, scope, depth + 1) is not None
-    # a device handed in as a parameter: every call of the file passes one
-    return bool(facts.through_name(
-        lambda *source: accelerator_device(facts, *source, depth + 1), node, order, scope, attributes=True
-    ))
+    # a name bound to one, a device handed in as a parameter (every call of the file passes one), a helper's return
+    sources = device_sources(facts, node, order, scope)
+    return bool(sources) and all(accelerator_device(facts, *source, depth + 1) for source in sources)
+
+
+def device_sources(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope) -> list:
+    """(expression, order, scope) that a device expression stands for, one step back: the value of the name
+    (``self.x`` too), what every call of the file passes for a parameter, what the file's own helper returns
+    (``device = get_device()``); empty when none is shown."""
+    if isinstance(node, cst.Call) and _own_function_call(facts, node):
+        site = facts.call_site(node)
+        return [(r.value, r.order, r.scope) for callee in facts.callee_scopes(site)
+                for r in facts.returns.get(id(callee), ()) if r.value is not None]
+    return facts.follow_name(node, order, scope, attributes=True) or []
 
 
 # ------------------------------------------------------------------------------------ modules without tensors

@@ -176,9 +176,9 @@ def _callee_kind(facts: FileFacts, call) -> Optional[str]:
     for other in facts.calls:
         if other.scope is not call.scope or other.method not in _MODEL_METHODS:
             continue
-        root = other.receiver
+        root = facts.through_temporary(other.receiver)
         while isinstance(root, cst.Call) and isinstance(root.func, cst.Attribute):
-            root = root.func.value  # model.to(device).eval()
+            root = facts.through_temporary(root.func.value)  # model.to(device).eval()
         if isinstance(root, cst.Name) and root.value == func.value:
             return "model"
     if _output_to_loss(facts, call):

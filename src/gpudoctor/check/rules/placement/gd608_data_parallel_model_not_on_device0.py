@@ -7,7 +7,7 @@ from gpudoctor.check.facts import TRAIT_MOVED, FileFacts, call_arg, name_key, st
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import exclusive_branches, snippet
 from gpudoctor.check.rule import Rule
-from gpudoctor.check.rules.placement._common import PLACING_METHODS, placement
+from gpudoctor.check.rules.placement._common import PLACING_METHODS, device_sources, placement
 
 
 class DataParallelModelNotOnDevice0(Rule):
@@ -93,7 +93,7 @@ class DataParallelModelNotOnDevice0(Rule):
     def _device_index(self, facts: FileFacts, node, order: int, scope, depth: int = 0):
         """The literal GPU index of a device expression: ``"cuda:1"``, ``torch.device("cuda", 1)``, ``1``, a
         name bound to one, or the GPU branch of ``"cuda:1" if torch.cuda.is_available() else "cpu"``."""
-        if node is None or depth > 4:
+        if node is None or depth > 6:
             return None
         if isinstance(node, cst.Integer):
             return int(node.value)
@@ -109,10 +109,9 @@ class DataParallelModelNotOnDevice0(Rule):
             if isinstance(index, cst.Integer) and string_value(kind) == "cuda":
                 return int(index.value)
             return self._device_index(facts, kind, order, scope, depth + 1) if index is None else None
-        binding = facts.assignment_of(node, order, scope)
-        if binding is not None:
-            return self._device_index(facts, binding.value, binding.order, binding.scope, depth + 1)
-        return None
+        # through names, parameters (every call agrees) and the file's helpers (``device = get_device()``)
+        found = {self._device_index(facts, *source, depth + 1) for source in device_sources(facts, node, order, scope)}
+        return found.pop() if len(found) == 1 and None not in found else None
 
     def _moved_later(self, facts: FileFacts, site, module) -> bool:
         keys = {name_key(module)}

@@ -15,6 +15,7 @@ from gpudoctor.check.rules.placement._common import (
     holds_no_tensors,
     module_classes,
     moves_to_accelerator,
+    on_accelerator,
     only_called_in_callee,
     placement,
 )
@@ -49,6 +50,9 @@ class SecondModelInputsElsewhere(Rule):
                 continue  # ``criterion = nn.CrossEntropyLoss()``: no weights, it runs where its inputs are
             for arg in site.node.args:
                 moved = self._moved_input(facts, arg.value, site)
+                if moved is None:  # ``torch.tensor(obs, device=device)``, ``torch.cat`` of such tensors from a replay memory
+                    placed = on_accelerator(facts, arg.value, site.order, site.scope)
+                    moved = (placed, None) if placed is not None else None
                 if moved is None:
                     continue
                 move_call, target_model = moved

@@ -7,7 +7,7 @@ import libcst as cst
 from gpudoctor.check import apis
 from gpudoctor.check.facts import CallSite, FileFacts, name_key, string_value
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import snippet
+from gpudoctor.check.queries import snippet, string_through
 from gpudoctor.check.rule import Rule
 
 _SET_DEVICE = {"torch.cuda.set_device", "torch.accelerator.set_device_index", "torch.cuda.device", "torch.xpu.set_device",
@@ -148,10 +148,10 @@ class DdpWithoutSetDevice(Rule):
     def _cuda_without_index(self, facts: FileFacts, node, site: CallSite, depth: int) -> bool:
         if depth > 3:
             return False
-        if string_value(node) == "cuda":
+        if string_through(facts, node, site.order, site.scope) == "cuda":
             return True
         if isinstance(node, cst.Call) and facts.qualname(node.func) == "torch.device" and len(node.args) == 1:
-            return string_value(node.args[0].value) == "cuda"
+            return string_through(facts, node.args[0].value, site.order, site.scope) == "cuda"
         key = name_key(node)
         if key is not None:
             binding = facts.binding_at(key, site.order, site.scope)
