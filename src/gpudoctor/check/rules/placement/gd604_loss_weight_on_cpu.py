@@ -149,7 +149,21 @@ def _registered_container(facts: FileFacts, site) -> bool:
     it: ``nn.ModuleList([nn.CrossEntropyLoss(weight=w), ...])``, ``self.losses.append(...)``/``.extend``/
     ``.insert`` or ``self.losses[k] = ...`` where the class binds ``self.losses`` to an nn.ModuleList/ModuleDict."""
     up = parents(facts, site.scope.node)
-    node = site.node
+    if _goes_into_registering_container(facts, site, site.node, up):
+        return True
+    # through a local temporary: ``loss = nn.CrossEntropyLoss(weight=w)`` then ``self.losses.append(loss)``
+    for binding in facts._bindings_of_value(site.node):
+        if binding.kind != "assign" or binding.scope is not site.scope or "." in binding.key:
+            continue
+        for _order, load, scope in facts.name_loads.get(binding.key, ()):
+            if scope is site.scope and facts.binding_at(binding.key, *facts._position_of(load)) is binding \
+                    and _goes_into_registering_container(facts, site, load, up):
+                return True
+    return False
+
+
+def _goes_into_registering_container(facts: FileFacts, site, node, up) -> bool:
+    """The expression ``node`` is handed straight to a registering container (see ``_registered_container``)."""
     for _ in range(6):
         parent = up.get(id(node))
         if parent is None:
@@ -170,15 +184,23 @@ def _registered_container(facts: FileFacts, site) -> bool:
 
 
 def _registering_attribute(facts: FileFacts, container: cst.CSTNode, at: cst.CSTNode, site) -> bool:
-    """``container`` is a ``self.x`` that the class binds (once) to an nn.ModuleList/ModuleDict/Sequential."""
+    """``container`` is a ``self.x`` that the class binds (every time) to an nn.ModuleList/ModuleDict/Sequential,
+    directly or through temporaries, or a local name for one (``losses = self.losses``)."""
     key = name_key(container)
-    if key is None or not key.startswith("self."):
+    if key is None:
         return False
-    bindings = facts.class_attrs.get(site.scope.class_name or "", {}).get(key, [])
-    return bool(bindings) and all(
-        b.kind == "assign" and isinstance(b.value, cst.Call) and facts.qualname(b.value.func) in _REGISTERING_CONTAINERS
-        for b in bindings
-    )
+    if key.startswith("self."):
+        bindings = facts.class_attrs.get(site.scope.class_name or "", {}).get(key, [])
+        return bool(bindings) and all(
+            b.kind == "assign" and _registering_built(facts, b.value, b.order, b.scope) for b in bindings
+        )
+    order, scope = facts._position_of(container)
+    return _registering_built(facts, container, order, scope)
+
+
+def _registering_built(facts: FileFacts, node, order: int, scope) -> bool:
+    built = facts.built_by(node, order, scope)
+    return isinstance(built, cst.Call) and facts.qualname(built.func) in _REGISTERING_CONTAINERS
 
 
 def _vector(facts: FileFacts, call: cst.Call) -> bool:
