@@ -10,6 +10,9 @@ from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.placement._common import (
+    LOSS_FUNCTIONS_WITH_WEIGHT,
+    LOSS_MODULES_WITH_WEIGHT,
+    LOSS_WEIGHT_KEYWORDS,
     accelerator_device,
     cpu_computed,
     file_sets_default_device,
@@ -59,6 +62,8 @@ class HelperCpuTensorMeetsGpu(Rule):
                 use, placed = self._model_input(facts, site, root)
             if use is None or placed is None or id(use) in reported:
                 continue
+            if _given_as_loss_weight(facts, site, use):
+                continue  # ``F.cross_entropy(..., weight=class_weights(y))``: GD604 reports the CPU loss weight
             reported.add(id(use))
             helper = snippet(facts, site.node.func, 30)
             yield self.report(
@@ -155,6 +160,25 @@ class HelperCpuTensorMeetsGpu(Rule):
             if placed is not None:
                 return placed
         return None
+
+
+def _given_as_loss_weight(facts: FileFacts, site, use: cst.CSTNode) -> bool:
+    """The helper's result (directly or through a local name) is the ``weight=``/``pos_weight=`` of the loss call
+    ``use``."""
+    if not isinstance(use, cst.Call):
+        return False
+    if facts.qualname(use.func) not in LOSS_FUNCTIONS_WITH_WEIGHT | set(LOSS_MODULES_WITH_WEIGHT):
+        return False
+    for arg in use.args:
+        if arg.keyword is None or arg.keyword.value not in LOSS_WEIGHT_KEYWORDS:
+            continue
+        if arg.value is site.node:
+            return True
+        order, scope = _where(facts, arg.value)
+        held = facts.assignment_of(arg.value, order, scope) if order is not None else None
+        if held is not None and held.value is site.node:
+            return True
+    return False
 
 
 def _where(facts: FileFacts, node: cst.CSTNode):
