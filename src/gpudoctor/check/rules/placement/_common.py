@@ -827,15 +827,97 @@ TENSOR_ARGUMENTS = {
 
 
 def holds_no_tensors(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope) -> bool:
-    """The module expression is a ``torch.nn`` module built without parameters or buffers
-    (``nn.CrossEntropyLoss()``, ``nn.ReLU()``, a name bound to one): nothing of it is on any device."""
+    """The module expression is built without parameters or buffers: a parameterless ``torch.nn`` module
+    (``nn.CrossEntropyLoss()``, ``nn.ReLU()``), or an instance of the file's own ``nn.Module`` class that stores
+    only such modules and plain values (``CombineLoss()`` holding ``FocalLoss()`` and ``nn.BCEWithLogitsLoss()``),
+    directly or through a name bound to one: nothing of it is on any device."""
     built = facts.built_by(node, order, scope)
-    if not isinstance(built, cst.Call):
-        return False
+    return isinstance(built, cst.Call) and _built_without_tensors(facts, built)
+
+
+def _built_without_tensors(facts: FileFacts, built: cst.Call, depth: int = 0) -> bool:
     parts = (facts.qualname(built.func) or "").split(".")
-    if parts[:2] != ["torch", "nn"] or parts[-1] not in PARAMETERLESS_MODULES:
+    if parts[:2] == ["torch", "nn"] and parts[-1] in PARAMETERLESS_MODULES:
+        return not given_tensor_argument(built, parts[-1])
+    class_name = name_key(built.func)
+    return class_name is not None and _class_holds_no_tensors(facts, class_name, depth)
+
+
+_PLAIN_NN_BASES = frozenset({"torch.nn.Module", "torch.nn.modules.Module", "torch.nn.modules.module.Module"})
+_TENSOR_HOLDERS = frozenset({"Parameter", "register_buffer", "register_parameter", "ParameterList", "ParameterDict"})
+
+
+def _class_holds_no_tensors(facts: FileFacts, class_name: str, depth: int = 0) -> bool:
+    """The file's ``nn.Module`` class (bases ``nn.Module`` or such classes of the file) whose methods store on
+    ``self`` only literals, parameters with a literal default, and modules built without tensors; no
+    ``nn.Parameter``/``register_buffer`` anywhere in it."""
+    scope = facts.classes.get(class_name)
+    if depth > 3 or scope is None or not isinstance(scope.node, cst.ClassDef) or not facts.is_module_class(class_name):
         return False
-    return not given_tensor_argument(built, parts[-1])
+    for base in scope.node.bases:
+        local = name_key(base.value)
+        if facts.qualname(base.value) not in _PLAIN_NN_BASES and not (
+            local in facts.classes and local != class_name and _class_holds_no_tensors(facts, local, depth + 1)
+        ):
+            return False
+    stores = _SelfStores()
+    scope.node.visit(stores)
+    if stores.holds_tensor_api:
+        return False
+    for value, function in stores.values:
+        if _literal_number(value) or string_value(value) is not None or _constant_name(value):
+            continue
+        if isinstance(value, cst.Name) and _literal_default(function, value.value):
+            continue
+        if isinstance(value, cst.Call) and _built_without_tensors(facts, value, depth + 1):
+            continue
+        return False
+    return True
+
+
+class _SelfStores(cst.CSTVisitor):
+    """Every ``self.x = value`` in a class body (with its method), and whether it names a tensor-holding API."""
+
+    def __init__(self) -> None:
+        self.values: list[tuple[cst.BaseExpression, Optional[cst.FunctionDef]]] = []
+        self.holds_tensor_api = False
+        self._functions: list[cst.FunctionDef] = []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._functions.append(node)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._functions.pop()
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            if isinstance(target.target, cst.Attribute) and name_key(target.target.value) == "self":
+                self.values.append((node.value, self._functions[-1] if self._functions else None))
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if isinstance(node.target, cst.Attribute) and name_key(node.target.value) == "self" and node.value is not None:
+            self.values.append((node.value, self._functions[-1] if self._functions else None))
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value in _TENSOR_HOLDERS:
+            self.holds_tensor_api = True
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if node.attr.value in _TENSOR_HOLDERS:
+            self.holds_tensor_api = True
+
+
+def _literal_default(function: Optional[cst.FunctionDef], name: str) -> bool:
+    """``def __init__(self, gamma=2)``: the parameter ``name`` of ``function`` has a literal default."""
+    if function is None:
+        return False
+    for param in (*function.params.params, *function.params.kwonly_params):
+        if param.name.value == name:
+            default = param.default
+            return default is not None and (
+                _literal_number(default) or string_value(default) is not None or _constant_name(default)
+            )
+    return False
 
 
 def given_tensor_argument(call: cst.Call, class_name: str) -> bool:

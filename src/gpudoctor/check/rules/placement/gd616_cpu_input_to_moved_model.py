@@ -11,14 +11,13 @@ from gpudoctor.check.facts import (
     TRAIT_PREPARED,
     TRAIT_QUANTIZED,
     FileFacts,
-    IfFrame,
     Scope,
     WithFrame,
     call_arg,
     name_key,
 )
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import snippet
+from gpudoctor.check.queries import exclusive_branches, snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.placement._common import (
     CREATION,
@@ -50,7 +49,8 @@ class CpuInputToMovedModel(Rule):
     ``torch.from_numpy(obs)``), views and arithmetic of one, through names, parameters and the file's helpers, or a
     part of a ``DataLoader`` batch whose dataset is known to yield CPU tensors and that the loop never moves.
     Silent for models that move their inputs (device-map dispatch, ``accelerator.prepare``, ``DataParallel``/DDP),
-    for classes whose ``forward`` the file does not show, for moves under a branch the call is not in, and when the
+    for classes whose ``forward`` the file does not show, for a call in the other branch of the ``if`` that moves the
+    model, and when the
     file calls ``torch.set_default_device``."""
 
     code = "GD616"
@@ -138,8 +138,7 @@ class CpuInputToMovedModel(Rule):
     @staticmethod
     def _accelerator_move(facts: FileFacts, model, site) -> Optional[cst.Call]:
         """The last move of the model when it targets an accelerator (``.cuda()``, ``.to("cuda:0")``, ``.to(device)``
-        with a CUDA ``device``), made on every path that reaches the call (each ``if`` around the move also
-        holds the call, in the same branch)."""
+        with a CUDA ``device``), unless the call sits in another branch of an ``if`` that holds the move."""
         move = model.trait(TRAIT_MOVED)
         move_site = facts.call_site(move) if isinstance(move, cst.Call) else None
         if move_site is None:
@@ -153,9 +152,10 @@ class CpuInputToMovedModel(Rule):
         key = name_key(site.node.func) if site.qualname is None else name_key(call_arg(site.node, 0))
         if key is not None and any(other.method == "cpu" and name_key(other.receiver) == key for other in facts.calls):
             return None  # ``model.cpu()`` somewhere: where the model is at the call is not shown by the order of lines
-        call_branches = {(id(f.node), f.branch) for f in site.context if isinstance(f, IfFrame)}
-        if any(isinstance(f, IfFrame) and (id(f.node), f.branch) not in call_branches for f in move_site.context):
-            return None  # ``if args.cuda: model.cuda()``: the call may run on the path that keeps the model on the CPU
+        if exclusive_branches(site.context, move_site.context):
+            return None  # the call is in the other branch of the ``if`` that moves the model: it never sees the move
+        # ``if args.cuda: policy.cuda()`` then ``policy(cpu_state)`` after the ``if``: the input is on the CPU on every
+        # path, so the call fails whenever the move runs (the run the flag exists for)
         return move
 
     def _forward_keeps_inputs(self, facts: FileFacts, model, site) -> bool:
