@@ -5,21 +5,22 @@ from typing import Optional
 import libcst as cst
 
 from gpudoctor.check import apis
-from gpudoctor.check.facts import TRAIT_DISPATCHED, TRAIT_PREPARED, FileFacts, name_key
+from gpudoctor.check.facts import TRAIT_DISPATCHED, TRAIT_PREPARED, FileFacts
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.placement._common import (
+    LOSS_FUNCTIONS_WITH_WEIGHT,
+    LOSS_MODULES_WITH_WEIGHT,
+    LOSS_WEIGHT_KEYWORDS,
     accelerator_device,
     cpu_computed,
-    cpu_tensor_mapping,
-    PLACING_METHODS,
     file_sets_default_device,
-    method_scopes,
     mixing_use,
     module_classes,
     on_accelerator,
     parents,
+    wrapper_moves_inputs,
 )
 
 
@@ -47,35 +48,28 @@ class HelperCpuTensorMeetsGpu(Rule):
             if isinstance(site.node.func, cst.Name) and site.node.func.value in facts.classes:
                 continue  # a class: its instance is no tensor
             computed = cpu_computed(facts, site.node, site.order, site.scope)
-            if computed is not None and computed[1]:
-                origin, mapping = computed[0], False
-            else:
-                # ``inputs = prepare_input(cfg, text)``: a dict of CPU tensors, handed to a model whole
-                origin, mapping = cpu_tensor_mapping(facts, site.node, site.order, site.scope), True
-                if origin is None or _moved_by_caller(facts, site):
-                    continue
+            if computed is None or not computed[1]:
+                continue
+            origin = computed[0]
             if facts._position_of(origin)[1] is site.scope:
                 continue  # made by the caller and handed through: not the helper's doing
             root = site.scope.node if site.scope.kind == "function" else facts.module
-            use = None if mapping else mixing_use(facts, site.node, root)
+            use = mixing_use(facts, site.node, root)
             placed = self._accelerator_operand(facts, use) if use is not None else None
             if placed is None and use is not None:
                 placed = self._module_on_accelerator(facts, site.scope)  # in forward: meets the weights/inputs
             if placed is None:
-                use, placed = self._model_input(facts, site, root, mapping)
+                use, placed = self._model_input(facts, site, root)
             if use is None or placed is None or id(use) in reported:
                 continue
+            if _given_as_loss_weight(facts, site, use):
+                continue  # ``F.cross_entropy(..., weight=class_weights(y))``: GD604 reports the CPU loss weight
             reported.add(id(use))
             helper = snippet(facts, site.node.func, 30)
-            made = "a mapping of tensors built" if mapping else "a tensor built"
-            other = (
-                "a model moved to an accelerator" if isinstance(placed, cst.Call) and _is_module_move(placed)
-                else "a tensor on an accelerator"
-            )
             yield self.report(
                 use,
-                f"`{helper}(...)` returns {made} on the CPU (`{snippet(facts, origin, 50)}`, no `device=`), "
-                f"and `{snippet(facts, use, 50)}` combines it with {other} "
+                f"`{helper}(...)` returns a tensor built on the CPU (`{snippet(facts, origin, 50)}`, no `device=`), "
+                f"and `{snippet(facts, use, 50)}` combines it with a tensor on an accelerator "
                 f"(`{snippet(facts, placed, 40)}`): torch raises \"RuntimeError: Expected all tensors to be on the same "
                 "device, but found at least two devices, cuda:0 and cpu!\"",
                 fix_hint=f"Build it on the other tensor's device inside `{helper}` (pass `device=x.device` to the "
@@ -106,11 +100,10 @@ class HelperCpuTensorMeetsGpu(Rule):
             return move.node
         return None
 
-    def _model_input(self, facts: FileFacts, site, root, mapping: bool = False):
-        """(the model call, the accelerator tensor or model move) when the helper's result, directly or through a
-        local name, is an input of a model call (``model(src, trg, src_mask, make_mask(n))``) that also takes a
-        tensor the file puts on an accelerator, or of a model the file moves to an accelerator (``model.to(device)``
-        ... ``model(prepare_input(cfg, text))``; a mapping of tensors may also go in as ``**inputs``)."""
+    def _model_input(self, facts: FileFacts, site, root):
+        """(the model call, the accelerator tensor) when the helper's result, directly or through a local name,
+        is an input of a model call (``model(src, trg, src_mask, make_mask(n))``) that also takes a tensor the
+        file puts on an accelerator."""
         up = parents(facts, root)
         nodes = [site.node]
         parent = up.get(id(site.node))
@@ -125,13 +118,13 @@ class HelperCpuTensorMeetsGpu(Rule):
             while isinstance(arg, cst.Element) and isinstance(up.get(id(arg)), (cst.Tuple, cst.List)):
                 arg = up.get(id(up.get(id(arg))))  # ``model(x, (h0, c0))``: an element of a tuple argument
             call = up.get(id(arg)) if isinstance(arg, cst.Arg) else None
-            if not isinstance(call, cst.Call) or arg.star and not (mapping and arg.star == "**"):
+            if not isinstance(call, cst.Call) or arg.star:
                 continue
             order, scope = facts._position_of(call)
             model = facts.value(call.func, order, scope)
             if model.kind != "model" or str(model.trait("class") or "").endswith("Loss"):
                 continue
-            if model.has(TRAIT_DISPATCHED) or model.has(TRAIT_PREPARED) or _moves_inputs(model):
+            if model.has(TRAIT_DISPATCHED) or model.has(TRAIT_PREPARED) or wrapper_moves_inputs(model):
                 continue  # accelerate's hooks, DataParallel's scatter and DDP move the inputs themselves
             for other in call.args:
                 if other is arg:
@@ -140,9 +133,6 @@ class HelperCpuTensorMeetsGpu(Rule):
                 placed = on_accelerator(facts, other.value, *where) if where[0] is not None else None
                 if placed is not None:
                     return call, placed
-            moved = _moved_to_accelerator(facts, model, order)
-            if moved is not None and not _forward_places_inputs(facts, model):
-                return call, moved
         return None, None
 
     @staticmethod
@@ -172,6 +162,25 @@ class HelperCpuTensorMeetsGpu(Rule):
         return None
 
 
+def _given_as_loss_weight(facts: FileFacts, site, use: cst.CSTNode) -> bool:
+    """The helper's result (directly or through a local name) is the ``weight=``/``pos_weight=`` of the loss call
+    ``use``."""
+    if not isinstance(use, cst.Call):
+        return False
+    if facts.qualname(use.func) not in LOSS_FUNCTIONS_WITH_WEIGHT | set(LOSS_MODULES_WITH_WEIGHT):
+        return False
+    for arg in use.args:
+        if arg.keyword is None or arg.keyword.value not in LOSS_WEIGHT_KEYWORDS:
+            continue
+        if arg.value is site.node:
+            return True
+        order, scope = _where(facts, arg.value)
+        held = facts.assignment_of(arg.value, order, scope) if order is not None else None
+        if held is not None and held.value is site.node:
+            return True
+    return False
+
+
 def _where(facts: FileFacts, node: cst.CSTNode):
     """(order, scope) of the first name or call inside ``node``."""
     stack = [node]
@@ -182,74 +191,6 @@ def _where(facts: FileFacts, node: cst.CSTNode):
             return order, scope
         stack.extend(current.children)
     return None, None
-
-
-def _moves_inputs(model) -> bool:
-    """A wrapper (possibly under other values) that moves its inputs: DataParallel, DistributedDataParallel."""
-    while model is not None:
-        wrapper = str((model.traits or {}).get("wrapper") or "")
-        if wrapper.split(".")[-1] in ("DataParallel", "DistributedDataParallel"):
-            return True
-        model = model.base
-    return False
-
-
-def _is_module_move(node: cst.Call) -> bool:
-    return isinstance(node.func, cst.Attribute) and node.func.attr.value in apis.MODULE_MOVES
-
-
-def _moved_by_caller(facts: FileFacts, site) -> bool:
-    """``inputs = prepare_input(cfg, text)`` followed by ``inputs[k] = v.to(device)`` (or another store into it
-    that is not a CPU tensor) in the caller: the mapping the model gets is placed."""
-    up = parents(facts, site.scope.node if site.scope.kind == "function" else facts.module)
-    parent = up.get(id(site.node))
-    if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target, cst.Name)):
-        return False
-    key = parent.targets[0].target.value
-    stack = [site.scope.node if site.scope.kind == "function" else facts.module]
-    while stack:
-        node = stack.pop()
-        stack.extend(node.children)
-        if not (isinstance(node, cst.Assign) and len(node.targets) == 1):
-            continue
-        target = node.targets[0].target
-        if isinstance(target, cst.Subscript) and name_key(target.value) == key:
-            at, within = facts._position_of(node.value)
-            if at > site.order and cpu_computed(facts, node.value, at, within) is None:
-                return True
-    return False
-
-
-def _moved_to_accelerator(facts: FileFacts, model, order: int) -> Optional[cst.CSTNode]:
-    """The move that last placed ``model`` (the same object) before ``order``, when it is to an accelerator
-    (``model.cuda()``, ``model.to(device)`` with a GPU ``device``)."""
-    origin = model.origin().node
-    last = None
-    for move in facts.calls:
-        if move.method not in apis.MODULE_MOVES or move.receiver is None or move.order >= order:
-            continue
-        value = facts.value(move.receiver, move.order, move.scope)
-        if value.kind == "model" and value.origin().node is origin and (last is None or move.order > last.order):
-            last = move
-    if last is None:
-        return None
-    if last.method == "to":
-        target = last.arg(0, "device")
-        return last.node if target is not None and accelerator_device(facts, target, last.order, last.scope) else None
-    return last.node if last.method == "cuda" else None
-
-
-def _forward_places_inputs(facts: FileFacts, model) -> bool:
-    """The model is the file's own class and its ``forward`` moves something itself (``x.to(self.device)``): it
-    may place its inputs, so a CPU input is not shown to fail."""
-    class_name = model.trait("class")
-    if class_name not in module_classes(facts):
-        return False
-    return any(
-        site.method in PLACING_METHODS
-        for scope in method_scopes(facts, class_name) if scope.name == "forward"
-        for site in facts.calls if site.scope is scope
-    )
 
 
 def _runs_in_forward(facts: FileFacts, scope) -> bool:
