@@ -295,6 +295,10 @@ def mixing_use(facts: FileFacts, node: cst.CSTNode, root: cst.CSTNode, depth: in
         if creation_qualname(facts, other):
             return None
         return parent
+    if isinstance(parent, cst.AugAssign) and parent.value is child:
+        if _bound_to_creation(facts, name_key(parent.target), root):
+            return None  # ``counts = torch.zeros(3)`` ... ``counts += torch.ones(3)``: both on the CPU
+        return parent  # ``x += m``: an in-place op of ``x`` with ``m``
     if isinstance(parent, cst.Subscript) and parent.value is child:
         return mixing_use(facts, parent, root, depth + 1)  # a slice or index stays on the tensor's device
     if isinstance(parent, cst.UnaryOperation) and not isinstance(parent.operator, cst.Not):
@@ -342,13 +346,44 @@ def _first_mixing_load(facts: FileFacts, key: str, assign: cst.Assign, root: cst
     for load in later:
         if _placed_here(facts, load, root):
             return None  # m = m.to(x.device) / m.to(x) somewhere: treat the name as handled
-    for load in later:
+    updates = [a for a in _in_place_updates(facts, key, root) if _first_position(facts, a.value) > start]
+    for load in sorted(later + updates, key=lambda n: _first_position(facts, n.value if isinstance(n, cst.AugAssign) else n)):
+        if isinstance(load, cst.AugAssign):
+            value = load.value
+            if not (_literal_number(value) or _plain_number_attribute(facts, value) or creation_qualname(facts, value)):
+                return load  # ``logits = torch.zeros(b, n)`` ... ``logits += self.fc(h)``: meets the head's output
+            continue
         found = mixing_use(facts, load, root, depth + 1)
         if found is not None:
             return found
         if _rebinds(facts, load, key, assign, root):
             return None  # ``m = m.repeat(b, 1).to(x.device)``: later loads see the new value
     return None
+
+
+def _in_place_updates(facts: FileFacts, key: str, root: cst.CSTNode) -> list[cst.AugAssign]:
+    """The ``key += ...`` / ``key *= ...`` statements inside ``root`` (the target is a store, not a load)."""
+    found, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.AugAssign) and name_key(node.target) == key:
+            found.append(node)
+        stack.extend(node.children)
+    return found
+
+
+def _bound_to_creation(facts: FileFacts, key: Optional[str], root: cst.CSTNode) -> bool:
+    """``key`` is assigned a tensor created on the CPU somewhere inside ``root``."""
+    if key is None:
+        return False
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if (isinstance(node, cst.Assign) and len(node.targets) == 1 and name_key(node.targets[0].target) == key
+                and creation_qualname(facts, node.value)):
+            return True
+        stack.extend(node.children)
+    return False
 
 
 def _rebinds(facts: FileFacts, load: cst.CSTNode, key: str, assign: cst.Assign, root: cst.CSTNode) -> bool:
@@ -585,6 +620,77 @@ def _python_number(node: cst.CSTNode) -> bool:
     """``float("-inf")``, ``int(n)``, ``len(x)``: a Python number, not a tensor."""
     return (isinstance(node, cst.Call) and isinstance(node.func, cst.Name)
             and node.func.value in ("float", "int", "len", "round", "bool"))
+
+
+def cpu_tensor_mapping(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0) -> Optional[cst.CSTNode]:
+    """The store that fills it when ``node`` is a mapping whose every value the file turns into a CPU tensor and
+    never places: ``for k, v in inputs.items(): inputs[k] = torch.tensor(v)`` (the ``prepare_input`` helper of
+    many Kaggle NLP notebooks), through names and the file's own helpers. None when any store into it may be on
+    another device, or when it is moved."""
+    if node is None or depth > 6:
+        return None
+    if isinstance(node, cst.Call):
+        if not _own_function_call(facts, node):
+            return None
+        site = facts.call_site(node)
+        return facts.every_return(site, lambda value, at, within, _callee: cpu_tensor_mapping(facts, value, at, within, depth + 1))
+    key = name_key(node)
+    if key is None or "." in key:
+        return None
+    binding = facts.binding_at(key, order, scope)
+    if binding is None or binding.kind != "assign" or binding.scope is not scope or _placed_after(facts, binding, order):
+        return None
+    stores = False
+    filled = None
+    for loop in _nodes_of(scope.node, cst.For):
+        if not binding.order < facts._position_of(loop.iter)[0] < order:
+            continue
+        item_key = _items_loop_key(loop, key)
+        for statement in _nodes_of(loop.body, cst.Assign):
+            if len(statement.targets) != 1 or not _stores_into(statement.targets[0].target, key):
+                continue
+            at, within = facts._position_of(statement.value)
+            if within is not scope or cpu_computed(facts, statement.value, at, within) is None:
+                return None  # ``inputs[k] = v.to(device)``: not (only) CPU tensors
+            stores = True
+            if item_key is not None and _stores_into(statement.targets[0].target, key, item_key):
+                filled = statement.value
+    if filled is not None or stores:
+        return filled
+    # ``inputs = prepare_input(cfg, text)`` with nothing stored into it here: what the helper returns
+    return cpu_tensor_mapping(facts, binding.value, binding.order, binding.scope, depth + 1)
+
+
+def _nodes_of(root: cst.CSTNode, kind: type) -> list:
+    found, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, kind):
+            found.append(node)
+        stack.extend(node.children)
+    return found
+
+
+def _items_loop_key(loop: cst.For, key: str) -> Optional[str]:
+    """``k`` for ``for k, v in key.items():`` (every entry of ``key`` is visited), else None."""
+    it = loop.iter
+    if not (isinstance(it, cst.Call) and isinstance(it.func, cst.Attribute) and it.func.attr.value == "items"
+            and name_key(it.func.value) == key and not it.args):
+        return None
+    target = loop.target
+    if isinstance(target, cst.Tuple) and len(target.elements) == 2 and isinstance(target.elements[0].value, cst.Name):
+        return target.elements[0].value.value
+    return None
+
+
+def _stores_into(target: cst.BaseExpression, key: str, index: Optional[str] = None) -> bool:
+    """``target`` is ``key[...]`` (``key[index]`` when ``index`` is given)."""
+    if not (isinstance(target, cst.Subscript) and name_key(target.value) == key and len(target.slice) == 1):
+        return False
+    if index is None:
+        return True
+    element = target.slice[0].slice
+    return isinstance(element, cst.Index) and isinstance(element.value, cst.Name) and element.value.value == index
 
 
 def _placed_after(facts: FileFacts, binding, order: int) -> bool:

@@ -26,6 +26,7 @@ from gpudoctor.check.rules.placement._common import (
     SAME_DEVICE_METHODS,
     accelerator_device,
     cpu_computed,
+    cpu_tensor_mapping,
     file_sets_default_device,
     holds_no_tensors,
     method_scopes,
@@ -76,7 +77,7 @@ class CpuInputToMovedModel(Rule):
             for index, (arg, keyword) in enumerate(inputs):
                 if hf_model and keyword == "labels":
                     continue  # transformers' loss moves the labels to the logits' device
-                evidence = self._cpu_input(facts, arg, site)
+                evidence = self._cpu_mapping(facts, arg, site) if keyword == "**" else self._cpu_input(facts, arg, site)
                 if evidence is None:
                     continue
                 origin, why = evidence
@@ -116,9 +117,12 @@ class CpuInputToMovedModel(Rule):
             return model, [(part, None) for part in parts]
         if site.qualname is not None or name_key(site.node.func) is None:
             return None, []
-        if any(a.star for a in site.node.args):
-            return None, []  # ``model(*batch)`` / ``model(**batch)``: what lands where is not shown
-        return site.node.func, [(a.value, a.keyword.value if a.keyword is not None else None) for a in site.node.args]
+        if any(a.star == "*" for a in site.node.args):
+            return None, []  # ``model(*batch)``: what lands where is not shown
+        # ``model(**inputs)``: the mapping's entries are the inputs (only a mapping shown to hold CPU tensors counts)
+        return site.node.func, [
+            (a.value, "**" if a.star else a.keyword.value if a.keyword is not None else None) for a in site.node.args
+        ]
 
     @staticmethod
     def _another_input_placed(facts: FileFacts, site, arg, inputs) -> bool:
@@ -260,7 +264,19 @@ class CpuInputToMovedModel(Rule):
         image = _image_to_tensor(facts, arg, order, scope)
         if image is not None:
             return image, f"`{snippet(facts, image, 50)}` turns an image into a CPU tensor"
-        return self._unmoved_loader_part(facts, arg, site)
+        return self._unmoved_loader_part(facts, arg, site) or self._cpu_mapping(facts, arg, site)
+
+    @staticmethod
+    def _cpu_mapping(facts: FileFacts, arg: cst.BaseExpression, site) -> Optional[tuple[cst.CSTNode, str]]:
+        """A mapping whose every entry the file makes a CPU tensor (``for k, v in inputs.items(): inputs[k] =
+        torch.tensor(v)``), handed to the model whole (a forward that unpacks it) or as ``**inputs``."""
+        order, scope = facts._position_of(arg)
+        if order == 1 << 30:
+            order, scope = site.order, site.scope
+        filled = cpu_tensor_mapping(facts, arg, order, scope)
+        if filled is None:
+            return None
+        return filled, f"a mapping whose every entry is `{snippet(facts, filled, 50)}`, no `device=`"
 
     @staticmethod
     def _bound_in_try(facts: FileFacts, arg, order: int, scope: Scope) -> bool:
