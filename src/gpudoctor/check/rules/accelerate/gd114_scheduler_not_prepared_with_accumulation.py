@@ -63,6 +63,10 @@ class SchedulerNotPreparedWithAccumulation(Rule):
                 (accumulate.item, f"`{acc}.accumulate(...)` syncs gradients every {n} micro-batches"),
                 (created, f"`{key}` is sized in optimizer updates here (`{snippet(facts, length, 50)}`) and not prepared"),
             ]
+            related += [
+                (prepare.node, f"`{acc}.prepare(...)` leaves `{key}` out here")
+                for prepare in _prepares_without(facts, accumulate.receiver, created)
+            ]
             yield self.report(
                 site.node,
                 f"`{key}.step()` runs on every micro-batch inside `{acc}.accumulate(...)` "
@@ -95,6 +99,16 @@ class SchedulerNotPreparedWithAccumulation(Rule):
                     if facts.value(frame.receiver, other.order, other.scope).kind == "accelerator":
                         return frame
         return None
+
+
+def _prepares_without(facts: FileFacts, accelerator: cst.BaseExpression, scheduler: cst.Call) -> list:
+    """The ``prepare`` calls of the accumulating accelerator where the scheduler belongs: those that prepare
+    its optimizer, else the accelerator's only ``prepare``."""
+    receiver = name_key(accelerator)
+    own = [site for site in facts.prepare_calls() if name_key(site.receiver) == receiver]
+    optimizer = name_key(call_arg(scheduler, 0, "optimizer"))
+    with_optimizer = [site for site in own if optimizer is not None and optimizer in {name_key(a.value) for a in site.node.args}]
+    return with_optimizer or (own if len(own) == 1 else [])
 
 
 def _guarded(facts: FileFacts, site) -> bool:
