@@ -400,7 +400,6 @@ def _check_source(
     import libcst as cst  # imported here: a run served from the cache never needs it
 
     from gpudoctor.check.facts import collect
-    from gpudoctor.check.positions import positions as node_positions
 
     rule_classes = list(rules) if rules is not None else select_rules()
     present: dict[str, bool] = {}  # rules share triggers: look each one up once
@@ -421,6 +420,17 @@ def _check_source(
     if not active:
         return []
     facts = collect(module, source, path)
+    try:
+        return _findings(facts, active, module, source, path, with_suppressed)
+    finally:
+        facts.release()
+
+
+def _findings(
+    facts, active: list[type[Rule]], module: cst.Module, source: str, path: str, with_suppressed: bool
+) -> list[Finding]:
+    from gpudoctor.check.positions import positions as node_positions
+
     reports = []
     for rule_class in active:
         rule = rule_class()

@@ -433,6 +433,7 @@ def collect(module: cst.Module, source: str, path: str = "<string>") -> FileFact
     facts = FileFacts(module, source, path)
     collector = _Collector(facts)
     collector.walk(module)
+    collector.__dict__.clear()  # its dispatch table of bound methods is a cycle that would keep the tree alive
     _inline_temporaries(facts)
     return facts
 

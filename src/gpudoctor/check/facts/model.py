@@ -125,6 +125,16 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
         self._module_classes: Optional[set[str]] = None
         self._temporaries: dict[int, Binding] = {}  # id(the one load of a single-use temporary) -> its binding
 
+    def release(self) -> None:
+        """Break the facts' reference cycles (a scope holds its bindings, each binding its scope; caches hold sites
+        that hold scopes) once the rules are done, so that reference counting frees the file's tree and facts at
+        once: left in cycles, every one of them waited for the cyclic garbage collector, which then traversed
+        millions of nodes per file (a quarter of the engine's CPU time). The facts are unusable afterwards."""
+        for scope in (self.module_scope, *self.functions, *self.classes.values()):
+            scope.bindings = {}
+            scope.parent = None
+        self.__dict__.clear()
+
     # ---------------------------------------------------------------- questions for rules
 
     def qualname(self, node: Optional[cst.CSTNode]) -> Optional[str]:
