@@ -11,6 +11,7 @@ from gpudoctor.check.facts import (
     TRAIT_CAST,
     TRAIT_FP16,
     TRAIT_PEFT,
+    TRAIT_PRECISION_CAST,
     TRAIT_QUANTIZED,
     FileFacts,
     Value,
@@ -19,7 +20,7 @@ from gpudoctor.check.facts import (
     string_value,
 )
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import snippet, trained_models
+from gpudoctor.check.queries import parameters_owner_paths, snippet, string_through, trained_models
 from gpudoctor.check.rule import Rule
 
 _UNSCALE = "ValueError: Attempting to unscale FP16 gradients."
@@ -40,14 +41,18 @@ def _tiny_eps(eps: Optional[cst.BaseExpression], default: float) -> bool:
         return False
 
 
-def _fp16_source(value: Value) -> Optional[Value]:
-    """The value whose dtype decides the model's weights, if that dtype is float16 (latest cast wins)."""
+def _fp16_source(value: Value, precision_fp16: bool = False) -> Optional[Value]:
+    """The value whose dtype decides the model's weights, if that dtype is float16 (latest cast wins). A cast to
+    the mixed-precision dtype (``.to(device, dtype=weight_dtype)``) is float16 when ``precision_fp16``: the file's
+    mixed precision setting is fp16."""
     current = value
     while current is not None:
         if TRAIT_CAST in current.traits:
             return current if current.traits[TRAIT_CAST][0] == "float16" else None
         if TRAIT_FP16 in current.traits:
             return current
+        if TRAIT_PRECISION_CAST in current.traits:
+            return current if precision_fp16 else None
         current = current.base
     return None
 
@@ -72,6 +77,13 @@ class Fp16TrainableParams(Rule):
             yield from self._pure_fp16_adaptive(facts)
             return
         amp, amp_node = found
+        amp_site = facts.call_site(amp_node) if isinstance(amp_node, cst.Call) else None
+        # the mixed-precision setting itself says fp16 (not only a GradScaler): its dtype variable is float16. Under
+        # DeepSpeed accelerate reports mixed_precision "no" (accelerate 1.15 state.py: the DeepSpeed config owns it).
+        precision_fp16 = (
+            amp_site is not None and amp_site.qualname in (*apis.ACCELERATOR, *apis.TRAINING_ARGS)
+            and "deepspeed" not in facts.source.lower()
+        )
         seen: set[int] = set()
         for node, site, how in sorted(trained_models(facts), key=lambda t: t[1].order):
             value = facts.value(node, site.order, site.scope)
@@ -84,8 +96,8 @@ class Fp16TrainableParams(Rule):
             base = peft.base if peft is not None else value
             if base is None:
                 continue
-            fp16 = _fp16_source(base)
-            if fp16 is None:
+            fp16 = _fp16_source(base, precision_fp16)
+            if fp16 is None or _cast_on_other_branch(facts, fp16.node, node, site):
                 continue
             origin = id(base.origin().node)
             if origin in seen:
@@ -147,7 +159,9 @@ class Fp16TrainableParams(Rule):
             if is_true(facts.keyword_argument(site.node, "fp16", site.order, site.scope)):
                 return f"`{snippet(facts, site.node.func)}(fp16=True)` turns on fp16 AMP with a GradScaler", site.node
         for site in facts.calls_to(*apis.ACCELERATOR):
-            if string_value(facts.keyword_argument(site.node, "mixed_precision", site.order, site.scope)) == "fp16":
+            # ``Accelerator(mixed_precision=args.mixed_precision)``: the option's default counts (what runs without it)
+            if string_through(facts, facts.keyword_argument(site.node, "mixed_precision", site.order, site.scope),
+                              site.order, site.scope) == "fp16":
                 return f"`{snippet(facts, site.node.func)}(mixed_precision=\"fp16\")` unscales gradients with a GradScaler", site.node
         for site in facts.calls_to(*apis.GRAD_SCALER):
             enabled = call_arg(site.node, keyword="enabled")
@@ -222,3 +236,27 @@ def _same_path(facts: FileFacts, cast: cst.CSTNode, site) -> bool:
         return True
     here = {(id(f.node), f.branch) for f in site.context if isinstance(f, IfFrame)}
     return all((id(f.node), f.branch) in here for f in cast_site.context if isinstance(f, IfFrame))
+
+
+def _branch_of(facts: FileFacts, test: cst.BaseExpression, branch: str) -> tuple[str, str]:
+    """(test source without leading ``not``, the branch it is taken on): ``if not x:`` body is x's orelse."""
+    while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        test, branch = test.expression, "orelse" if branch == "body" else "body"
+    return facts.module.code_for_node(test), branch
+
+
+def _cast_on_other_branch(facts: FileFacts, cast: cst.CSTNode, trained: cst.BaseExpression, site) -> bool:
+    """The float16 cast runs on one branch of a test and the optimizer only holds the model's parameters on the
+    other (``if not args.train_text_encoder: text_encoder.to(dtype=weight_dtype)`` with ``chain(unet.parameters(),
+    text_encoder.parameters()) if args.train_text_encoder else unet.parameters()``): never both on one run."""
+    cast_site = facts.call_site(cast) if isinstance(cast, cst.Call) else None
+    if cast_site is None:
+        return False
+    cast_branches = dict(_branch_of(facts, f.test, f.branch) for f in cast_site.context if isinstance(f, IfFrame))
+    if not cast_branches:
+        return False
+    paths = [path for owner, path in parameters_owner_paths(facts, site.arg(0, "params"), site.order, site.scope)
+             if facts.module.code_for_node(owner) == facts.module.code_for_node(trained)]
+    return bool(paths) and all(
+        any(cast_branches.get(text, branch) != branch for text, branch in path) for path in paths
+    )
