@@ -195,10 +195,21 @@ def parameters_owner(facts: FileFacts, params: Optional[cst.BaseExpression], ord
                     None,
                 )
             found = parameters_owner(facts, item, order, scope, depth + 1)
-            if found is None or name_key(found) is None:
+            if found is None or dotted(found) is None:
                 return None
             owners.append(found)
-        return owners[0] if len({name_key(o) for o in owners}) == 1 else None
+        if len({dotted(o) for o in owners}) == 1:
+            return owners[0]
+        # groups over submodules of one model (``net.model``, ``net.cpm``, ...): that model
+        roots = {name_key(_attribute_root(o)) for o in owners}
+        return _attribute_root(owners[0]) if len(roots) == 1 and None not in roots else None
+    if isinstance(params, cst.Call) and facts.qualname(params.func) is None:
+        # the file's own helper given the module (``get_parameters_conv(net.model, "weight")``): its parameters
+        site = facts.call_site(params)
+        if site is not None and facts.callee_scopes(site):
+            modules = [a.value for a in params.args if not a.star and _is_module_expression(facts, a.value, order, scope)]
+            if len(modules) == 1:
+                return modules[0]
     key = name_key(params)
     if key is None:
         return None
@@ -249,6 +260,38 @@ def parameters_owner_paths(facts: FileFacts, params: Optional[cst.BaseExpression
         sources = facts.follow_name(params, order, scope, params=False) or []
         return [found for source in sources for found in parameters_owner_paths(facts, *source, depth + 1, path)]
     return [found for part in parts for found in parameters_owner_paths(facts, part, order, scope, depth + 1, path)]
+
+
+def _attribute_root(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``net.model.backbone`` -> ``net``."""
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return node
+
+
+_MODULE_ONLY_METHODS = {"train", "eval", "parameters", "named_parameters", "modules", "named_modules", "state_dict",
+                        "load_state_dict"}
+
+
+def _is_module_expression(facts: FileFacts, node: cst.BaseExpression, order: int, scope: Scope) -> bool:
+    """A model, or a submodule read off one (``net.model`` where ``net`` is a model). A model of a class the
+    file imports from its own package is known by its use: ``net.train()``, ``net.load_state_dict(...)``,
+    ``DataParallel(net)`` in the same function."""
+    root = _attribute_root(node)
+    for candidate in {id(node): node, id(root): root}.values():
+        if name_key(candidate) is None:
+            continue
+        if facts.value(candidate, order, scope).kind == "model":
+            return True
+        key = name_key(candidate)
+        for site in facts.calls:
+            if site.scope is not scope:
+                continue
+            if site.method in _MODULE_ONLY_METHODS and name_key(site.receiver) == key and not site.node.args[1:]:
+                return True
+            if site.qualname in apis.DATA_PARALLEL | apis.DISTRIBUTED_DATA_PARALLEL and name_key(site.arg(0, "module")) == key:
+                return True
+    return False
 
 
 def _appended_parameters_owner(facts: FileFacts, binding, order: int) -> Optional[cst.BaseExpression]:

@@ -42,6 +42,9 @@ class LossTensorRunningTotal(Rule):
             return None
         loop = loops[-1]
         kind = graph_tensor(facts, value, site.order, site.scope)
+        loss_expr = _loss_name(value) or value
+        if kind in ("output", "logits") and name_key(loss_expr) is not None and self._backward_on(facts, loss_expr, loop):
+            kind = "loss"  # ``loss = -torch.mean(self(x))`` ... ``loss.backward()``: what backward runs on is a loss
         if kind != "loss" or _computed_without_grad(facts, value, site.order, site.scope):
             return None
         total = site.target_key
@@ -49,7 +52,6 @@ class LossTensorRunningTotal(Rule):
             return None
         if self._total_is_differentiated(facts, total, site):
             return None  # the sum is the loss to optimize (accumulated micro-batches, multi-task)
-        loss_expr = _loss_name(value) or value
         backward = self._backward_on(facts, loss_expr, loop)
         if backward:
             severity = Severity.INFO

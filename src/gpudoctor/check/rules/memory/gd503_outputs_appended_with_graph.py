@@ -31,6 +31,8 @@ class OutputsAppendedWithGraph(Rule):
                 continue
             if called_without_grad(facts, site.context):
                 continue
+            if site.scope.name == "forward" and site.scope.class_name and facts.is_module_class(site.scope.class_name):
+                continue  # an nn.Module's forward collecting per-step outputs: the caller's backward needs the graph
             loops = loops_in_function(site.context)
             key = name_key(site.receiver)
             if not loops or key is None:

@@ -19,6 +19,25 @@ CREATION = {
 }
 _WRAPPING = {"torch.tril", "torch.triu", "torch.outer", "torch.exp", "torch.log", "torch.cos", "torch.sin",
              "torch.cumsum", "torch.diag", "torch.flip", "torch.polar", "torch.stack", "torch.cat"}
+# Loss modules whose class weight is kept as a buffer (moved only by criterion.to()).
+LOSS_MODULES_WITH_WEIGHT = {
+    "torch.nn.CrossEntropyLoss": ("weight", 0),
+    "torch.nn.NLLLoss": ("weight", 0),
+    "torch.nn.BCELoss": ("weight", 0),
+    "torch.nn.BCEWithLogitsLoss": ("weight", 0),
+    "torch.nn.MultiLabelSoftMarginLoss": ("weight", 0),
+    "torch.nn.MultiMarginLoss": ("weight", 2),
+}
+LOSS_MODULE_EXTRA_WEIGHT = {"torch.nn.BCEWithLogitsLoss": "pos_weight"}
+LOSS_FUNCTIONS_WITH_WEIGHT = {
+    "torch.nn.functional.cross_entropy",
+    "torch.nn.functional.nll_loss",
+    "torch.nn.functional.binary_cross_entropy",
+    "torch.nn.functional.binary_cross_entropy_with_logits",
+    "torch.nn.functional.multilabel_soft_margin_loss",
+}
+# Keywords of those calls that take a class weight (GD604 reports a CPU tensor there).
+LOSS_WEIGHT_KEYWORDS = ("weight", "pos_weight")
 # Methods that give a tensor on the same device as the receiver (the CPU-ness propagates).
 SAME_DEVICE_METHODS = {
     "unsqueeze", "squeeze", "view", "reshape", "expand", "expand_as", "repeat", "float", "long", "int", "bool",
@@ -84,7 +103,8 @@ def cpu_tensor(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope:
     if isinstance(node, cst.UnaryOperation):
         return cpu_tensor(facts, node.expression, order, scope, depth + 1)
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in SAME_DEVICE_METHODS:
-        if all(_literal_number(a.value) for a in node.args):
+        # sizes and dims (``.repeat(self.k, n, 1)``) are no tensors; other arguments must be plain numbers
+        if node.func.attr.value in SHAPE_METHODS or all(_literal_number(a.value) for a in node.args):
             return cpu_tensor(facts, node.func.value, order, scope, depth + 1)
         return None
     binding = facts.assignment_of(node, order, scope)
@@ -127,8 +147,8 @@ def is_scalar_tensor(facts: FileFacts, call: cst.Call) -> bool:
     """``torch.tensor(2.0)``: a 0-dim CPU tensor mixes with CUDA tensors without error."""
     q = facts.qualname(call.func)
     if q in ("torch.tensor", "torch.as_tensor"):
-        first = call_arg(call, 0, "data")
-        return not isinstance(first, (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp))
+        order, scope = facts._position_of(call)
+        return not _sequence_data(facts, call_arg(call, 0, "data"), order, scope)
     if q == "torch.from_numpy":  # numpy scalars/arrays: unknown rank, silent unless the array has a shape
         order, scope = facts._position_of(call)
         return not _numpy_array(facts, call_arg(call, 0), order, scope)
@@ -139,6 +159,22 @@ def is_scalar_tensor(facts: FileFacts, call: cst.Call) -> bool:
         if first is None and call_arg(call, keyword="size") is None:
             return True
     return False
+
+
+_SEQUENCES = (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp)
+
+
+def _sequence_data(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0) -> bool:
+    """``[1.0, 2.0]``, ``(n,)``, or a name / ``self.x`` whose every source is such a display (through assignments and
+    the arguments the file's calls pass: ``self.size = size`` where ``Layer(..., (k,))``): ``torch.tensor`` of it has
+    a dimension."""
+    if isinstance(node, _SEQUENCES):
+        return True
+    if node is None or depth > 6 or name_key(node) is None:
+        return False
+    return bool(facts.through_name(
+        lambda *source: _sequence_data(facts, *source, depth + 1), node, order, scope, attributes=True
+    ))
 
 
 def file_sets_default_device(facts: FileFacts) -> bool:
@@ -728,6 +764,9 @@ def accelerator_device(facts: FileFacts, node: Optional[cst.CSTNode], order: int
     if isinstance(node, cst.Attribute) and node.attr.value == "device":
         if on_accelerator(facts, node.value, order, scope, depth + 1) is not None:
             return True
+        if not (name_key(node) or "").startswith("self.") and option_default_expression(facts, node, order, scope) is None:
+            return False  # ``x.device`` of a tensor not shown on an accelerator (``args.device``, an option, is read below)
+        # ``self.device``: an attribute of the file's object, bound like any name (``self.device = torch.device(...)``)
     # a name bound to one, a device handed in as a parameter (every call of the file passes one), a helper's return
     sources = device_sources(facts, node, order, scope)
     if not sources and isinstance(node, cst.Attribute) and facts.attribute_store(node, order, scope) is None:
@@ -746,6 +785,20 @@ def device_sources(facts: FileFacts, node: Optional[cst.CSTNode], order: int, sc
         return [(r.value, r.order, r.scope) for callee in facts.callee_scopes(site)
                 for r in facts.returns.get(id(callee), ()) if r.value is not None]
     return facts.follow_name(node, order, scope, attributes=True) or []
+
+
+# Wrappers whose forward moves (scatters) the inputs onto the devices of the wrapped module.
+INPUT_MOVING_WRAPPERS = frozenset({"DataParallel", "DistributedDataParallel"})
+
+
+def wrapper_moves_inputs(model) -> bool:
+    """A wrapper (possibly under other values) that moves its inputs: DataParallel, DistributedDataParallel."""
+    while model is not None:
+        wrapper = str((model.traits or {}).get("wrapper") or "")
+        if wrapper.split(".")[-1] in INPUT_MOVING_WRAPPERS:
+            return True
+        model = model.base
+    return False
 
 
 # ------------------------------------------------------------------------------------ modules without tensors
@@ -787,18 +840,24 @@ def holds_no_tensors(facts: FileFacts, node: Optional[cst.CSTNode], order: int, 
     parts = (facts.qualname(built.func) or "").split(".")
     if parts[:2] != ["torch", "nn"] or parts[-1] not in PARAMETERLESS_MODULES:
         return False
-    tensor_keywords = TENSOR_ARGUMENTS.get(parts[-1])
+    return not given_tensor_argument(built, parts[-1])
+
+
+def given_tensor_argument(call: cst.Call, class_name: str) -> bool:
+    """``nn.CrossEntropyLoss(weight=w)`` / ``nn.BCEWithLogitsLoss(pos_weight=p)``: a parameterless ``torch.nn``
+    class (``class_name``) built with a tensor it registers as a buffer, so the module does hold a tensor."""
+    tensor_keywords = TENSOR_ARGUMENTS.get(class_name)
     if not tensor_keywords:
-        return True
-    for arg in built.args:
+        return False
+    for arg in call.args:
         if arg.star:
-            return False  # ``**loss_kwargs``: may carry a weight
+            return True  # ``**loss_kwargs``: may carry a weight
         if arg.keyword is None:
             if not (_literal_number(arg.value) or string_value(arg.value) is not None or _constant_name(arg.value)):
-                return False  # ``nn.CrossEntropyLoss(class_weights)``: the first positional is the weight
+                return True  # ``nn.CrossEntropyLoss(class_weights)``: the first positional is the weight
         elif arg.keyword.value in tensor_keywords and not _constant_name(arg.value):
-            return False
-    return True
+            return True
+    return False
 
 
 def _constant_name(node: cst.CSTNode) -> bool:
