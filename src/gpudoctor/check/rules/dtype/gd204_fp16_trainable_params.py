@@ -70,7 +70,7 @@ class Fp16TrainableParams(Rule):
     triggers = ("fp16", "GradScaler", ".half(", "float16")
 
     def check(self, facts: FileFacts):
-        if facts.calls_to(*apis.PASSTHROUGH) or self._upcast_loop(facts) or self._submodule_kept_float32(facts):
+        if facts.calls_to(*apis.PASSTHROUGH, *apis.UPCAST_TRAINABLE) or self._upcast_loop(facts) or self._submodule_kept_float32(facts):
             return  # trainable params are upcast to float32 (prepare_model_for_kbit_training or by hand)
         found = self._amp(facts)
         if found is None:
@@ -99,6 +99,8 @@ class Fp16TrainableParams(Rule):
             fp16 = _fp16_source(base, precision_fp16)
             if fp16 is None or _cast_on_other_branch(facts, fp16.node, node, site):
                 continue
+            if peft is None and _frozen_without_adapters(facts, node, site):
+                continue  # ``itertools.chain(unet.parameters(), vae.parameters())`` with the vae frozen: no gradients
             origin = id(base.origin().node)
             if origin in seen:
                 continue
@@ -108,7 +110,14 @@ class Fp16TrainableParams(Rule):
                     continue  # LoRA adapters are upcast to float32 by default: fine
                 what = f"the peft model keeps trainable float16 parameters ({reason})"
             else:
-                what = "all its parameters are trained in float16 (full fine-tune)"
+                injected = _adapter_injected(facts, node, site)
+                what = (
+                    f"`{snippet(facts, injected.node, 50)}` injects LoRA layers in the base layers' float16 dtype (peft "
+                    "0.21's `inject_adapter_in_model`, behind diffusers'/transformers' `add_adapter`, does not upcast them "
+                    "as `get_peft_model` does), so the trained adapters are float16"
+                    if injected is not None
+                    else "all its parameters are trained in float16 (full fine-tune)"
+                )
             seen.add(origin)
             yield self.report(
                 site.node,
@@ -260,3 +269,26 @@ def _cast_on_other_branch(facts: FileFacts, cast: cst.CSTNode, trained: cst.Base
     return bool(paths) and all(
         any(cast_branches.get(text, branch) != branch for text, branch in path) for path in paths
     )
+
+
+def _adapter_injected(facts: FileFacts, trained: cst.BaseExpression, site):
+    """``unet.add_adapter(lora_config)`` on the trained model before the training call: its call site."""
+    text = facts.module.code_for_node(trained)
+    return next(
+        (
+            call for call in facts.method_calls("add_adapter")
+            if call.receiver is not None and facts.module.code_for_node(call.receiver) == text and call.order < site.order
+        ),
+        None,
+    )
+
+
+def _frozen_without_adapters(facts: FileFacts, trained: cst.BaseExpression, site) -> bool:
+    """``vae.requires_grad_(False)`` on every path before the training call, never undone, no adapter injected: its
+    parameters get no gradient, and the GradScaler skips parameters without one."""
+    text = facts.module.code_for_node(trained)
+    calls = [c for c in facts.method_calls("requires_grad_") if c.receiver is not None
+             and facts.module.code_for_node(c.receiver) == text and c.order < site.order]
+    frozen = [c for c in calls if c.node.args and facts.module.code_for_node(c.node.args[0].value) == "False"]
+    unconditional = any(not any(isinstance(f, IfFrame) for f in c.context) for c in frozen)
+    return unconditional and len(frozen) == len(calls) and _adapter_injected(facts, trained, site) is None
