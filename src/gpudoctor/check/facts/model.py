@@ -911,9 +911,16 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
             if binding.kind != "assign" or binding.value is None:
                 return False
             value = binding.value
-            if isinstance(value, cst.IfExp):
-                if _dtype_of(self, value.orelse) in (None, "float16") or not _fp16_precision_test(self.module.code_for_node(value.test)):
+            if isinstance(value, cst.Subscript):
+                if not self._precision_keyed_dtypes(value):
                     return False
+                float16 += 1
+                continue
+            if isinstance(value, cst.IfExp):
+                if not _fp16_precision_test(self.module.code_for_node(value.test)):
+                    return False
+                if any(_dtype_of(self, leaf) in (None, "float16") for leaf in _if_exp_leaves(value.orelse)):
+                    return False  # ``... else (torch.bfloat16 if bf16 else torch.float32)``: no float16 there
                 value = value.body
                 tested = True
             else:
@@ -926,6 +933,22 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
                 return False
             float16 += dtype == "float16"
         return float16 > 0
+
+    def _precision_keyed_dtypes(self, subscript: cst.Subscript) -> bool:
+        """``{"fp16": torch.float16, "bf16": torch.bfloat16, "no": torch.float32}[accelerator.mixed_precision]``: a
+        literal dict of torch dtypes indexed by the mixed-precision setting, float16 only under the "fp16" key."""
+        if not isinstance(subscript.value, cst.Dict) or len(subscript.slice) != 1:
+            return False
+        index = subscript.slice[0].slice
+        if not isinstance(index, cst.Index) or "mixed_precision" not in self.module.code_for_node(index.value):
+            return False
+        entries = [e for e in subscript.value.elements if isinstance(e, cst.DictElement)]
+        if len(entries) != len(subscript.value.elements):
+            return False
+        dtypes = {string_value(e.key): _dtype_of(self, e.value) for e in entries}
+        return dtypes.get("fp16") == "float16" and all(
+            dtype is not None and (dtype != "float16" or key == "fp16") for key, dtype in dtypes.items()
+        )
 
     def _bindings_of_value(self, value_node: cst.CSTNode) -> list[Binding]:
         return self._bindings_by_value.get(id(value_node), [])
@@ -980,3 +1003,10 @@ def _dtype_of(facts: "FileFacts", node: cst.BaseExpression) -> Optional[str]:
 def _fp16_precision_test(text: str) -> bool:
     """``accelerator.mixed_precision == "fp16"``, ``args.mixed_precision == 'fp16'``: the test of fp16 AMP."""
     return "mixed_precision" in text and "fp16" in text and "!=" not in text and " not " not in f" {text} "
+
+
+def _if_exp_leaves(node: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The values a nested conditional expression can take: ``a if x else (b if y else c)`` -> a, b, c."""
+    if isinstance(node, cst.IfExp):
+        return [*_if_exp_leaves(node.body), *_if_exp_leaves(node.orelse)]
+    return [node]
