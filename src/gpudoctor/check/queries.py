@@ -107,6 +107,15 @@ def reachable_accelerator(facts: FileFacts, prepare: CallSite, site: CallSite) -
     return prepare.receiver if here is not None and here is there else None
 
 
+def prepares_of(facts: FileFacts, receiver: cst.BaseExpression, order: int, scope: Scope) -> list[CallSite]:
+    """The ``prepare`` calls on the same Accelerator as ``receiver`` (the one the same ``Accelerator(...)``
+    built, whatever name holds it there)."""
+    origin = facts.value(receiver, order, scope).origin().node
+    if origin is None:
+        return []
+    return [site for site in facts.prepare_calls() if facts.value(site.receiver, site.order, site.scope).origin().node is origin]
+
+
 def accelerator_kwargs(facts: FileFacts, receiver: cst.BaseExpression, order: int, scope: Scope) -> dict[str, cst.BaseExpression]:
     value = facts.value(receiver, order, scope)
     call = value.origin().node

@@ -379,7 +379,13 @@ class ExpressionValues:
             return Value(TENSOR, node, base=inner) if inner.kind == TENSOR else UNKNOWN
         if isinstance(node, cst.IfExp):
             body = self.value(node.body, order, scope)
-            return body if body.kind != "unknown" else self.value(node.orelse, order, scope)
+            orelse = self.value(node.orelse, order, scope)
+            for branch, value in ((node.body, body), (node.orelse, orelse)):
+                if _is_unwrap(branch) and value.kind == "model":
+                    # ``m.module if isinstance(m, DataParallel) else m``: whichever branch runs, the result is the
+                    # unwrapped model (the other branch only runs when ``m`` is not a wrapper).
+                    return value
+            return body if body.kind != "unknown" else orelse
         if isinstance(node, cst.Subscript):
             base = self.value(node.value, order, scope)
             if base.kind in (BATCH, TOKENIZER_OUTPUT, MODEL_OUTPUT):
@@ -423,6 +429,8 @@ class ExpressionValues:
             return Value(TENSOR, node, base=base)
         if base.kind == "model" and attr in ("weight", "bias"):
             return _tensor(node, parameter=base)
+        if base.kind == "model" and attr == "module":
+            return _unwrapped(base, node)
         if base.kind == DIFFUSION_PIPELINE and attr in apis.DIFFUSION_PIPELINE_MODULES:
             return self._pipeline_component(node, base, order, scope)
         return UNKNOWN
@@ -451,6 +459,10 @@ class ExpressionValues:
                 return self.item_of(call.args[0].value, order, scope, ())
             if name in ("iter", "tqdm", "list", "tuple") and call.args and self.binding_at(name, order, scope) is None:
                 return self.value(call.args[0].value, order, scope)
+            if _is_unwrap(call) and self.binding_at(name, order, scope) is None:
+                # ``getattr(m, "module", m)``: the inner model when ``m`` is a wrapper, else ``m`` itself (not one)
+                wrapped = self.value(call.args[0].value, order, scope)
+                return _unwrapped(wrapped, call) if wrapped.has("wrapper") else wrapped
         if isinstance(func, cst.Attribute):
             receiver = self.value(func.value, order, scope)
             method = func.attr.value
@@ -883,3 +895,23 @@ class ExpressionValues:
             else:
                 return UNKNOWN
         return value
+
+
+def _is_unwrap(node: cst.CSTNode) -> bool:
+    """``m.module`` or ``getattr(m, "module", m)``: the unwrapping idioms for a DataParallel/DDP wrapper."""
+    if isinstance(node, cst.Attribute):
+        return node.attr.value == "module"
+    return (
+        isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "getattr"
+        and len(node.args) == 3 and string_value(node.args[1].value) == "module"
+    )
+
+
+def _unwrapped(model: Value, node: cst.CSTNode) -> Value:
+    """What ``node`` (``.module`` of a model value) is: the model a DataParallel/DDP wrapper holds (its ``base``;
+    a model of unknown make when the wrapped expression is not known), or unknown when the value is not such a
+    wrapper (``.module`` of another object says nothing)."""
+    wrapper = model.carrier("wrapper")
+    if wrapper is None:
+        return UNKNOWN
+    return wrapper.base if wrapper.base is not None and wrapper.base.kind == "model" else Value("model", node)

@@ -251,3 +251,9 @@ def called_without_grad(facts: FileFacts, context: tuple) -> bool:
             if grad_disabled(facts, site.context):
                 return True
     return False
+
+
+def computed_at(facts: FileFacts, expr: cst.BaseExpression, site, what: str) -> tuple:
+    """Related location: the assignment that computes the tensor a name holds (none for an expression written in place)."""
+    held = facts.assignment_of(expr, site.order, site.scope) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+    return ((held.value, what),) if held is not None and held.value is not None else ()

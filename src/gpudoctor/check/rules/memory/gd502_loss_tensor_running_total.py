@@ -8,7 +8,7 @@ from gpudoctor.check.facts import AugAssignSite, FileFacts, LoopFrame, name_key
 from gpudoctor.check.finding import Applicability, Edit, Fix, Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
-from gpudoctor.check.rules.memory._common import called_without_grad, graph_tensor, grad_disabled, loops_in_function
+from gpudoctor.check.rules.memory._common import called_without_grad, computed_at, graph_tensor, grad_disabled, loops_in_function
 
 
 class LossTensorRunningTotal(Rule):
@@ -78,6 +78,7 @@ class LossTensorRunningTotal(Rule):
             fix_hint=f"Accumulate a Python number: `{total} += {snippet(facts, loss_expr)}.item()` (or `.detach()`).",
             severity=severity,
             fix=fix,
+            related=computed_at(facts, loss_expr, site, "the loss tensor, with its graph, is computed here"),
         )
 
     def _plain_totals(self, facts: FileFacts):

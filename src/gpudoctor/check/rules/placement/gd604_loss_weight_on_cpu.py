@@ -70,6 +70,7 @@ class LossWeightOnCpu(Rule):
                     why, severity = "once the model and the batch are on an accelerator", Severity.WARNING
                 made = "" if cpu is weight else f" by `{snippet(facts, cpu, 40)}`"
                 related = [] if cpu is weight else [(cpu, "the weight is made here, on the CPU")]
+                related.append((site.node, "the loss receives it here"))
                 first_call = next(iter(facts.calls_of_value(site.node)), None) if q in _LOSS_MODULES else None
                 if first_call is not None:
                     related.append((first_call.node, "the loss meets the accelerator logits here"))

@@ -11,14 +11,13 @@ from gpudoctor.check.facts import (
     TRAIT_PREPARED,
     TRAIT_QUANTIZED,
     FileFacts,
-    IfFrame,
     Scope,
     WithFrame,
     call_arg,
     name_key,
 )
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import snippet
+from gpudoctor.check.queries import exclusive_branches, snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.placement._common import (
     CREATION,
@@ -27,6 +26,7 @@ from gpudoctor.check.rules.placement._common import (
     SAME_DEVICE_METHODS,
     accelerator_device,
     cpu_computed,
+    cpu_tensor_mapping,
     file_sets_default_device,
     holds_no_tensors,
     method_scopes,
@@ -50,7 +50,8 @@ class CpuInputToMovedModel(Rule):
     ``torch.from_numpy(obs)``), views and arithmetic of one, through names, parameters and the file's helpers, or a
     part of a ``DataLoader`` batch whose dataset is known to yield CPU tensors and that the loop never moves.
     Silent for models that move their inputs (device-map dispatch, ``accelerator.prepare``, ``DataParallel``/DDP),
-    for classes whose ``forward`` the file does not show, for moves under a branch the call is not in, and when the
+    for classes whose ``forward`` the file does not show, for a call in the other branch of the ``if`` that moves the
+    model, and when the
     file calls ``torch.set_default_device``."""
 
     code = "GD616"
@@ -76,7 +77,7 @@ class CpuInputToMovedModel(Rule):
             for index, (arg, keyword) in enumerate(inputs):
                 if hf_model and keyword == "labels":
                     continue  # transformers' loss moves the labels to the logits' device
-                evidence = self._cpu_input(facts, arg, site)
+                evidence = self._cpu_mapping(facts, arg, site) if keyword == "**" else self._cpu_input(facts, arg, site)
                 if evidence is None:
                     continue
                 origin, why = evidence
@@ -116,9 +117,12 @@ class CpuInputToMovedModel(Rule):
             return model, [(part, None) for part in parts]
         if site.qualname is not None or name_key(site.node.func) is None:
             return None, []
-        if any(a.star for a in site.node.args):
-            return None, []  # ``model(*batch)`` / ``model(**batch)``: what lands where is not shown
-        return site.node.func, [(a.value, a.keyword.value if a.keyword is not None else None) for a in site.node.args]
+        if any(a.star == "*" for a in site.node.args):
+            return None, []  # ``model(*batch)``: what lands where is not shown
+        # ``model(**inputs)``: the mapping's entries are the inputs (only a mapping shown to hold CPU tensors counts)
+        return site.node.func, [
+            (a.value, "**" if a.star else a.keyword.value if a.keyword is not None else None) for a in site.node.args
+        ]
 
     @staticmethod
     def _another_input_placed(facts: FileFacts, site, arg, inputs) -> bool:
@@ -138,8 +142,7 @@ class CpuInputToMovedModel(Rule):
     @staticmethod
     def _accelerator_move(facts: FileFacts, model, site) -> Optional[cst.Call]:
         """The last move of the model when it targets an accelerator (``.cuda()``, ``.to("cuda:0")``, ``.to(device)``
-        with a CUDA ``device``), made on every path that reaches the call (each ``if`` around the move also
-        holds the call, in the same branch)."""
+        with a CUDA ``device``), unless the call sits in another branch of an ``if`` that holds the move."""
         move = model.trait(TRAIT_MOVED)
         move_site = facts.call_site(move) if isinstance(move, cst.Call) else None
         if move_site is None:
@@ -153,9 +156,10 @@ class CpuInputToMovedModel(Rule):
         key = name_key(site.node.func) if site.qualname is None else name_key(call_arg(site.node, 0))
         if key is not None and any(other.method == "cpu" and name_key(other.receiver) == key for other in facts.calls):
             return None  # ``model.cpu()`` somewhere: where the model is at the call is not shown by the order of lines
-        call_branches = {(id(f.node), f.branch) for f in site.context if isinstance(f, IfFrame)}
-        if any(isinstance(f, IfFrame) and (id(f.node), f.branch) not in call_branches for f in move_site.context):
-            return None  # ``if args.cuda: model.cuda()``: the call may run on the path that keeps the model on the CPU
+        if exclusive_branches(site.context, move_site.context):
+            return None  # the call is in the other branch of the ``if`` that moves the model: it never sees the move
+        # ``if args.cuda: policy.cuda()`` then ``policy(cpu_state)`` after the ``if``: the input is on the CPU on every
+        # path, so the call fails whenever the move runs (the run the flag exists for)
         return move
 
     def _forward_keeps_inputs(self, facts: FileFacts, model, site) -> bool:
@@ -260,7 +264,19 @@ class CpuInputToMovedModel(Rule):
         image = _image_to_tensor(facts, arg, order, scope)
         if image is not None:
             return image, f"`{snippet(facts, image, 50)}` turns an image into a CPU tensor"
-        return self._unmoved_loader_part(facts, arg, site)
+        return self._unmoved_loader_part(facts, arg, site) or self._cpu_mapping(facts, arg, site)
+
+    @staticmethod
+    def _cpu_mapping(facts: FileFacts, arg: cst.BaseExpression, site) -> Optional[tuple[cst.CSTNode, str]]:
+        """A mapping whose every entry the file makes a CPU tensor (``for k, v in inputs.items(): inputs[k] =
+        torch.tensor(v)``), handed to the model whole (a forward that unpacks it) or as ``**inputs``."""
+        order, scope = facts._position_of(arg)
+        if order == 1 << 30:
+            order, scope = site.order, site.scope
+        filled = cpu_tensor_mapping(facts, arg, order, scope)
+        if filled is None:
+            return None
+        return filled, f"a mapping whose every entry is `{snippet(facts, filled, 50)}`, no `device=`"
 
     @staticmethod
     def _bound_in_try(facts: FileFacts, arg, order: int, scope: Scope) -> bool:
