@@ -158,7 +158,8 @@ def trained_models(facts: FileFacts) -> Iterator[tuple[cst.BaseExpression, CallS
         if site.qualname and apis.is_optimizer(site.qualname):
             params = site.arg(0, "params")
             owner = _parameters_owner(params)
-            if owner is not None:
+            owners = [owner] if owner is not None else parameters_owners(facts, params, site.order, site.scope)
+            for owner in owners:
                 yield owner, site, f"an optimizer over `{snippet(facts, params, 40)}`"
     for site in facts.calls_to(*apis.GET_PEFT_MODEL):
         model = site.arg(0, "model")
@@ -232,6 +233,42 @@ def parameters_owner(facts: FileFacts, params: Optional[cst.BaseExpression], ord
     if isinstance(value, cst.List) and not value.elements:
         return _appended_parameters_owner(facts, binding, order)
     return parameters_owner(facts, value, binding.order, binding.scope, depth + 1)
+
+
+def parameters_owners(facts: FileFacts, params: Optional[cst.BaseExpression], order: int, scope: Scope) -> list[cst.BaseExpression]:
+    """Every module whose parameters an optimizer's ``params`` may hold: :func:`parameters_owner`'s forms, and
+    ``itertools.chain(unet.parameters(), text_encoder.parameters())``, ``list(a.parameters()) + list(b.parameters())``,
+    both branches of ``chain(...) if args.train_text_encoder else unet.parameters()`` (the diffusers examples'
+    ``params_to_optimize``), through names."""
+    return [owner for owner, _ in parameters_owner_paths(facts, params, order, scope)]
+
+
+def parameters_owner_paths(facts: FileFacts, params: Optional[cst.BaseExpression], order: int, scope: Scope,
+                           depth: int = 0, path: tuple = ()) -> list[tuple[cst.BaseExpression, tuple]]:
+    """:func:`parameters_owners` with, for each module, the conditional branches its parameters come through:
+    ((test source, "body" | "orelse"), ...) with ``not`` folded into the branch."""
+    if params is None or depth > 6:
+        return []
+    owner = parameters_owner(facts, params, order, scope)
+    if owner is not None:
+        return [(owner, path)]
+    if isinstance(params, cst.IfExp):
+        test, negated = params.test, False
+        while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            test, negated = test.expression, not negated
+        text = facts.module.code_for_node(test)
+        branches = [(params.body, "orelse" if negated else "body"), (params.orelse, "body" if negated else "orelse")]
+        return [found for part, branch in branches
+                for found in parameters_owner_paths(facts, part, order, scope, depth + 1, path + ((text, branch),))]
+    if isinstance(params, cst.BinaryOperation) and isinstance(params.operator, cst.Add):
+        parts = [params.left, params.right]
+    elif isinstance(params, cst.Call) and (facts.qualname(params.func) == "itertools.chain" or (
+            isinstance(params.func, cst.Name) and params.func.value == "list" and len(params.args) == 1)):
+        parts = [arg.value for arg in params.args if not arg.star]
+    else:
+        sources = facts.follow_name(params, order, scope, params=False) or []
+        return [found for source in sources for found in parameters_owner_paths(facts, *source, depth + 1, path)]
+    return [found for part in parts for found in parameters_owner_paths(facts, part, order, scope, depth + 1, path)]
 
 
 def _attribute_root(node: cst.BaseExpression) -> cst.BaseExpression:
@@ -373,14 +410,58 @@ def option_defaults(facts: FileFacts) -> dict[str, str]:
         text = string_value(call_arg(site.node, keyword="default"))
         if text is None:
             continue
-        flags = [string_value(a.value) for a in site.node.args if a.keyword is None]
-        dest = string_value(call_arg(site.node, keyword="dest"))
-        names = {dest} if dest else {f.lstrip("-").replace("-", "_") for f in flags if f and f.startswith("--")}
-        for name in names:
+        for name in _option_names(site):
             found.setdefault(name, set()).add(text)
     result = {name: next(iter(texts)) for name, texts in found.items() if len(texts) == 1}
     facts._option_defaults = result  # type: ignore[attr-defined]
     return result
+
+
+def _option_names(site: CallSite) -> set[str]:
+    """The attribute names ``add_argument(...)`` stores under: its ``dest``, else each ``--long`` flag with dashes
+    turned into underscores."""
+    flags = [string_value(a.value) for a in site.node.args if a.keyword is None]
+    dest = string_value(call_arg(site.node, keyword="dest"))
+    return {dest} if dest else {f.lstrip("-").replace("-", "_") for f in flags if f and f.startswith("--")}
+
+
+def option_default_expression(
+    facts: FileFacts, attribute: cst.Attribute, order: int, scope: Scope
+) -> Optional[tuple[cst.BaseExpression, int, Scope]]:
+    """(expression, order, scope) of the default of the argparse option ``args.<name>`` reads
+    (``add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")``), when ``args`` holds
+    what ``parse_args()`` returned and exactly one ``add_argument`` of the file declares that option with a
+    default."""
+    if not parsed_options(facts, attribute.value, order, scope):
+        return None
+    name = attribute.attr.value
+    declared = []
+    for site in facts.method_calls("add_argument"):
+        if name in _option_names(site):
+            declared.append(site)
+    if len(declared) != 1:
+        return None
+    default = call_arg(declared[0].node, keyword="default")
+    return (default, declared[0].order, declared[0].scope) if default is not None else None
+
+
+_PARSE_METHODS = ("parse_args", "parse_known_args")
+
+
+def parsed_options(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0) -> bool:
+    """``node`` holds the namespace ``parser.parse_args()`` returns: directly, through names, through every call of
+    the file that passes it for a parameter, or returned by the file's own helper (``args = parse_args()``)."""
+    if node is None or depth > 4:
+        return False
+    if isinstance(node, cst.Call):
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value in _PARSE_METHODS:
+            return True
+        site = facts.call_site(node)
+        returned = [r for callee in (facts.callee_scopes(site) if site is not None else ())
+                    for r in facts.returns.get(id(callee), ()) if r.value is not None]
+        return bool(returned) and all(parsed_options(facts, r.value, r.order, r.scope, depth + 1) for r in returned)
+    sources = facts.follow_name(node, order, scope) or []
+    return bool(sources) and all(parsed_options(facts, *source, depth + 1) for source in sources)
 
 
 # Checkpoints whose size is a word, not a number (the model cards' parameter counts): T5 v1.1 / Flan-T5 XL and

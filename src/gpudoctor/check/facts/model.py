@@ -42,6 +42,7 @@ from gpudoctor.check.facts.values import (
     TRAIT_DISPATCHED,
     TRAIT_EMPTY,
     TRAIT_FP16,
+    TRAIT_PRECISION_CAST,
     TRAIT_MOVED,
     TRAIT_OFFLOADED,
     TRAIT_PEFT,
@@ -883,6 +884,8 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
                 traits[TRAIT_CAST] = (dtype, site.node)
                 if dtype == "float16":
                     traits[TRAIT_FP16] = site.node
+            elif self._precision_dtype(arg.value, site):
+                traits[TRAIT_PRECISION_CAST] = site.node
             elif arg.keyword is None or arg.keyword.value == "device":
                 traits[TRAIT_MOVED] = site.node
         if method != "to":
@@ -892,7 +895,8 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
     def _sole_dtype_binding(self, node: cst.BaseExpression, site: CallSite) -> Optional[cst.BaseExpression]:
         """``dtype = torch.float16`` bound once in its scope (no other assignment, none under an ``if``): the
         value ``.to(device, dtype=dtype)`` casts to. A name assigned on several paths (``weight_dtype =
-        torch.float32`` then ``if fp16: weight_dtype = torch.float16``) stays unknown."""
+        torch.float32`` then ``if fp16: weight_dtype = torch.float16``) stays unknown here; the mixed-precision
+        form of it is ``_precision_dtype``'s."""
         if not isinstance(node, cst.Name):
             return None
         binding = self.binding_at(node.value, site.order, site.scope)
@@ -903,6 +907,58 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
         if any(isinstance(frame, IfFrame) for frame in binding.context):
             return None
         return binding.value
+
+    def _precision_dtype(self, node: cst.BaseExpression, site: CallSite) -> bool:
+        """A name holding the mixed-precision dtype: every assignment in its scope is a torch dtype, and each
+        ``torch.float16`` one is taken only when fp16 mixed precision is on (``if accelerator.mixed_precision ==
+        "fp16": weight_dtype = torch.float16``, or ``torch.float16 if args.mixed_precision == "fp16" else ...``).
+        The diffusers examples' ``weight_dtype``: float16 exactly when fp16 AMP runs, whatever the launch says."""
+        if not isinstance(node, cst.Name) or self.binding_at(node.value, site.order, site.scope) is None:
+            return False
+        bindings = self.binding_at(node.value, site.order, site.scope).scope.bindings.get(node.value, ())
+        float16 = 0
+        for binding in bindings:
+            if binding.kind != "assign" or binding.value is None:
+                return False
+            value = binding.value
+            if isinstance(value, cst.Subscript):
+                if not self._precision_keyed_dtypes(value):
+                    return False
+                float16 += 1
+                continue
+            if isinstance(value, cst.IfExp):
+                if not _fp16_precision_test(self.module.code_for_node(value.test)):
+                    return False
+                if any(_dtype_of(self, leaf) in (None, "float16") for leaf in _if_exp_leaves(value.orelse)):
+                    return False  # ``... else (torch.bfloat16 if bf16 else torch.float32)``: no float16 there
+                value = value.body
+                tested = True
+            else:
+                tested = any(
+                    isinstance(f, IfFrame) and f.branch == "body" and _fp16_precision_test(self.module.code_for_node(f.test))
+                    for f in binding.context
+                )
+            dtype = _dtype_of(self, value)
+            if dtype is None or (dtype == "float16" and not tested):
+                return False
+            float16 += dtype == "float16"
+        return float16 > 0
+
+    def _precision_keyed_dtypes(self, subscript: cst.Subscript) -> bool:
+        """``{"fp16": torch.float16, "bf16": torch.bfloat16, "no": torch.float32}[accelerator.mixed_precision]``: a
+        literal dict of torch dtypes indexed by the mixed-precision setting, float16 only under the "fp16" key."""
+        if not isinstance(subscript.value, cst.Dict) or len(subscript.slice) != 1:
+            return False
+        index = subscript.slice[0].slice
+        if not isinstance(index, cst.Index) or "mixed_precision" not in self.module.code_for_node(index.value):
+            return False
+        entries = [e for e in subscript.value.elements if isinstance(e, cst.DictElement)]
+        if len(entries) != len(subscript.value.elements):
+            return False
+        dtypes = {string_value(e.key): _dtype_of(self, e.value) for e in entries}
+        return dtypes.get("fp16") == "float16" and all(
+            dtype is not None and (dtype != "float16" or key == "fp16") for key, dtype in dtypes.items()
+        )
 
     def _bindings_of_value(self, value_node: cst.CSTNode) -> list[Binding]:
         return self._bindings_by_value.get(id(value_node), [])
@@ -948,3 +1004,19 @@ def _article(qualname: str) -> str:
     return "an" if qualname.split(".")[-1][:1] in "AEIOU" else "a"
 
 
+def _dtype_of(facts: "FileFacts", node: cst.BaseExpression) -> Optional[str]:
+    """``torch.float16`` -> "float16"; None for anything but a torch dtype."""
+    q = facts.qualname(node)
+    return _DTYPES.get(q.split(".")[-1]) if q and q.startswith("torch.") else None
+
+
+def _fp16_precision_test(text: str) -> bool:
+    """``accelerator.mixed_precision == "fp16"``, ``args.mixed_precision == 'fp16'``: the test of fp16 AMP."""
+    return "mixed_precision" in text and "fp16" in text and "!=" not in text and " not " not in f" {text} "
+
+
+def _if_exp_leaves(node: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The values a nested conditional expression can take: ``a if x else (b if y else c)`` -> a, b, c."""
+    if isinstance(node, cst.IfExp):
+        return [*_if_exp_leaves(node.body), *_if_exp_leaves(node.orelse)]
+    return [node]

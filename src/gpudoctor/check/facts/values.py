@@ -14,6 +14,9 @@ TRAIT_EMPTY = "empty"  # created under init_empty_weights
 TRAIT_CAST = "cast"  # .half()/.to(dtype) applied; detail: (dtype, node)
 TRAIT_MOVED = "moved"  # .to(device)/.cuda() applied; detail: node
 TRAIT_FP16 = "fp16"  # weights loaded or cast to float16
+# .to(dtype=weight_dtype) where weight_dtype is float16 exactly when fp16 mixed precision is on (diffusers'
+# ``if accelerator.mixed_precision == "fp16": weight_dtype = torch.float16``); detail: node
+TRAIT_PRECISION_CAST = "precision_cast"
 TRAIT_PEFT = "peft"  # wrapped by get_peft_model; detail: the call
 TRAIT_PREPARED = "prepared"  # returned by accelerator.prepare; detail: the prepare call
 

@@ -146,7 +146,15 @@ def _counts_updates(facts: FileFacts, expr: cst.BaseExpression, order: int, scop
         key = name_key(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
         if key is not None:
             binding = facts.binding_at(key, order, scope)
-            if binding is not None and binding.value is not None and binding.value is not expr:
+            if binding is not None and binding.kind == "param":
+                # ``def get_scheduler(cfg, optimizer, epoch_steps)`` ... ``get_scheduler(cfg, opt, len(dl) // accum)``:
+                # the length counts updates when every call of the function passes one that does
+                passed = list(facts.param_arguments(binding))
+                if passed and all(
+                    _counts_updates(facts, arg, at, where, steps_node, depth + 1) for arg, at, where in passed
+                ):
+                    return True
+            elif binding is not None and binding.value is not None and binding.value is not expr:
                 if _counts_updates(facts, binding.value, binding.order, binding.scope, steps_node, depth + 1):
                     return True
         elif isinstance(node, cst.Attribute):  # ``args.max_train_steps = epochs * updates_per_epoch`` (no_trainer)

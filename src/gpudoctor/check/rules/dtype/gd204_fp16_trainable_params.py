@@ -11,6 +11,7 @@ from gpudoctor.check.facts import (
     TRAIT_CAST,
     TRAIT_FP16,
     TRAIT_PEFT,
+    TRAIT_PRECISION_CAST,
     TRAIT_QUANTIZED,
     FileFacts,
     Value,
@@ -19,7 +20,7 @@ from gpudoctor.check.facts import (
     string_value,
 )
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import snippet, trained_models
+from gpudoctor.check.queries import parameters_owner_paths, snippet, string_through, trained_models
 from gpudoctor.check.rule import Rule
 
 _UNSCALE = "ValueError: Attempting to unscale FP16 gradients."
@@ -40,14 +41,18 @@ def _tiny_eps(eps: Optional[cst.BaseExpression], default: float) -> bool:
         return False
 
 
-def _fp16_source(value: Value) -> Optional[Value]:
-    """The value whose dtype decides the model's weights, if that dtype is float16 (latest cast wins)."""
+def _fp16_source(value: Value, precision_fp16: bool = False) -> Optional[Value]:
+    """The value whose dtype decides the model's weights, if that dtype is float16 (latest cast wins). A cast to
+    the mixed-precision dtype (``.to(device, dtype=weight_dtype)``) is float16 when ``precision_fp16``: the file's
+    mixed precision setting is fp16."""
     current = value
     while current is not None:
         if TRAIT_CAST in current.traits:
             return current if current.traits[TRAIT_CAST][0] == "float16" else None
         if TRAIT_FP16 in current.traits:
             return current
+        if TRAIT_PRECISION_CAST in current.traits:
+            return current if precision_fp16 else None
         current = current.base
     return None
 
@@ -65,13 +70,20 @@ class Fp16TrainableParams(Rule):
     triggers = ("fp16", "GradScaler", ".half(", "float16")
 
     def check(self, facts: FileFacts):
-        if facts.calls_to(*apis.PASSTHROUGH) or self._upcast_loop(facts) or self._submodule_kept_float32(facts):
+        if facts.calls_to(*apis.PASSTHROUGH, *apis.UPCAST_TRAINABLE) or self._upcast_loop(facts) or self._submodule_kept_float32(facts):
             return  # trainable params are upcast to float32 (prepare_model_for_kbit_training or by hand)
         found = self._amp(facts)
         if found is None:
             yield from self._pure_fp16_adaptive(facts)
             return
         amp, amp_node = found
+        amp_site = facts.call_site(amp_node) if isinstance(amp_node, cst.Call) else None
+        # the mixed-precision setting itself says fp16 (not only a GradScaler): its dtype variable is float16. Under
+        # DeepSpeed accelerate reports mixed_precision "no" (accelerate 1.15 state.py: the DeepSpeed config owns it).
+        precision_fp16 = (
+            amp_site is not None and amp_site.qualname in (*apis.ACCELERATOR, *apis.TRAINING_ARGS)
+            and "deepspeed" not in facts.source.lower()
+        )
         seen: set[int] = set()
         for node, site, how in sorted(trained_models(facts), key=lambda t: t[1].order):
             value = facts.value(node, site.order, site.scope)
@@ -84,9 +96,11 @@ class Fp16TrainableParams(Rule):
             base = peft.base if peft is not None else value
             if base is None:
                 continue
-            fp16 = _fp16_source(base)
-            if fp16 is None:
+            fp16 = _fp16_source(base, precision_fp16)
+            if fp16 is None or _cast_on_other_branch(facts, fp16.node, node, site):
                 continue
+            if peft is None and _frozen_without_adapters(facts, node, site):
+                continue  # ``itertools.chain(unet.parameters(), vae.parameters())`` with the vae frozen: no gradients
             origin = id(base.origin().node)
             if origin in seen:
                 continue
@@ -99,7 +113,14 @@ class Fp16TrainableParams(Rule):
                 what = f"the peft model keeps trainable float16 parameters ({reason})"
                 related += [(cause, "this keeps trainable parameters in float16"), (peft.node, "the peft model is made here")]
             else:
-                what = "all its parameters are trained in float16 (full fine-tune)"
+                injected = _adapter_injected(facts, node, site)
+                what = (
+                    f"`{snippet(facts, injected.node, 50)}` injects LoRA layers in the base layers' float16 dtype (peft "
+                    "0.21's `inject_adapter_in_model`, behind diffusers'/transformers' `add_adapter`, does not upcast them "
+                    "as `get_peft_model` does), so the trained adapters are float16"
+                    if injected is not None
+                    else "all its parameters are trained in float16 (full fine-tune)"
+                )
             related.append((amp_node, "fp16 AMP is turned on here"))
             seen.add(origin)
             yield self.report(
@@ -151,7 +172,9 @@ class Fp16TrainableParams(Rule):
             if is_true(facts.keyword_argument(site.node, "fp16", site.order, site.scope)):
                 return f"`{snippet(facts, site.node.func)}(fp16=True)` turns on fp16 AMP with a GradScaler", site.node
         for site in facts.calls_to(*apis.ACCELERATOR):
-            if string_value(facts.keyword_argument(site.node, "mixed_precision", site.order, site.scope)) == "fp16":
+            # ``Accelerator(mixed_precision=args.mixed_precision)``: the option's default counts (what runs without it)
+            if string_through(facts, facts.keyword_argument(site.node, "mixed_precision", site.order, site.scope),
+                              site.order, site.scope) == "fp16":
                 return f"`{snippet(facts, site.node.func)}(mixed_precision=\"fp16\")` unscales gradients with a GradScaler", site.node
         for site in facts.calls_to(*apis.GRAD_SCALER):
             enabled = call_arg(site.node, keyword="enabled")
@@ -227,3 +250,50 @@ def _same_path(facts: FileFacts, cast: cst.CSTNode, site) -> bool:
         return True
     here = {(id(f.node), f.branch) for f in site.context if isinstance(f, IfFrame)}
     return all((id(f.node), f.branch) in here for f in cast_site.context if isinstance(f, IfFrame))
+
+
+def _branch_of(facts: FileFacts, test: cst.BaseExpression, branch: str) -> tuple[str, str]:
+    """(test source without leading ``not``, the branch it is taken on): ``if not x:`` body is x's orelse."""
+    while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        test, branch = test.expression, "orelse" if branch == "body" else "body"
+    return facts.module.code_for_node(test), branch
+
+
+def _cast_on_other_branch(facts: FileFacts, cast: cst.CSTNode, trained: cst.BaseExpression, site) -> bool:
+    """The float16 cast runs on one branch of a test and the optimizer only holds the model's parameters on the
+    other (``if not args.train_text_encoder: text_encoder.to(dtype=weight_dtype)`` with ``chain(unet.parameters(),
+    text_encoder.parameters()) if args.train_text_encoder else unet.parameters()``): never both on one run."""
+    cast_site = facts.call_site(cast) if isinstance(cast, cst.Call) else None
+    if cast_site is None:
+        return False
+    cast_branches = dict(_branch_of(facts, f.test, f.branch) for f in cast_site.context if isinstance(f, IfFrame))
+    if not cast_branches:
+        return False
+    paths = [path for owner, path in parameters_owner_paths(facts, site.arg(0, "params"), site.order, site.scope)
+             if facts.module.code_for_node(owner) == facts.module.code_for_node(trained)]
+    return bool(paths) and all(
+        any(cast_branches.get(text, branch) != branch for text, branch in path) for path in paths
+    )
+
+
+def _adapter_injected(facts: FileFacts, trained: cst.BaseExpression, site):
+    """``unet.add_adapter(lora_config)`` on the trained model before the training call: its call site."""
+    text = facts.module.code_for_node(trained)
+    return next(
+        (
+            call for call in facts.method_calls("add_adapter")
+            if call.receiver is not None and facts.module.code_for_node(call.receiver) == text and call.order < site.order
+        ),
+        None,
+    )
+
+
+def _frozen_without_adapters(facts: FileFacts, trained: cst.BaseExpression, site) -> bool:
+    """``vae.requires_grad_(False)`` on every path before the training call, never undone, no adapter injected: its
+    parameters get no gradient, and the GradScaler skips parameters without one."""
+    text = facts.module.code_for_node(trained)
+    calls = [c for c in facts.method_calls("requires_grad_") if c.receiver is not None
+             and facts.module.code_for_node(c.receiver) == text and c.order < site.order]
+    frozen = [c for c in calls if c.node.args and facts.module.code_for_node(c.node.args[0].value) == "False"]
+    unconditional = any(not any(isinstance(f, IfFrame) for f in c.context) for c in frozen)
+    return unconditional and len(frozen) == len(calls) and _adapter_injected(facts, trained, site) is None

@@ -192,12 +192,14 @@ class AccumulatedLossNotScaled(Rule):
             if site.target_key == key and in_loop(site, loop) and site.order < backward.order:
                 return False
         binding: Optional[Binding] = facts.binding_at(key, backward.order, backward.scope)
-        if binding is None or binding.kind != "assign" or binding.value is None:
+        if binding is None or binding.kind not in ("assign", "unpack") or binding.value is None:
             return False
         for other in backward.scope.bindings.get(key, ()):
             if other.order < backward.order and other.value is not None and in_loop(other, loop):
                 if _divides(other.value) or _ACCUM_WORD.search(facts.module.code_for_node(other.value)):
                     return False
+        if binding.kind == "unpack":
+            return _unpacked_forward_loss(facts, binding)
         at = _At(binding.order, binding.scope)
         return AccumulatedLossNotScaled._plain_loss(facts, binding.value, at, loop, depth + 1)
 
@@ -207,6 +209,16 @@ class _At:
 
     def __init__(self, order: int, scope) -> None:
         self.order, self.scope = order, scope
+
+
+def _unpacked_forward_loss(facts: FileFacts, binding: Binding) -> bool:
+    """``logits, loss = model(X, Y)`` (nanoGPT/minGPT forward returning ``(logits, loss)``): the element named as a
+    loss of what a call outside the file returns. Like ``outputs.loss``, the name is the evidence; a call of the
+    file's own function (which might divide inside) is left alone."""
+    if not isinstance(binding.value, cst.Call) or "loss" not in binding.key.split(".")[-1].lower():
+        return False
+    site = facts.call_site(binding.value)
+    return site is not None and not facts.callee_scopes(site) and not _divides(binding.value)
 
 
 def _is_loss_source(facts: FileFacts, node: cst.BaseExpression) -> bool:

@@ -8,6 +8,7 @@ import libcst as cst
 
 from gpudoctor.check import apis
 from gpudoctor.check.facts import FileFacts, FollowedCall, Scope, call_arg, name_key, string_value
+from gpudoctor.check.queries import option_default_expression
 
 # torch functions that allocate a new tensor on the default device (CPU) unless ``device=`` is given.
 CREATION = {
@@ -869,11 +870,15 @@ def accelerator_device(facts: FileFacts, node: Optional[cst.CSTNode], order: int
     if isinstance(node, cst.Attribute) and node.attr.value == "device":
         if on_accelerator(facts, node.value, order, scope, depth + 1) is not None:
             return True
-        if not (name_key(node) or "").startswith("self."):
-            return False  # ``x.device`` of a tensor not shown on an accelerator
+        if not (name_key(node) or "").startswith("self.") and option_default_expression(facts, node, order, scope) is None:
+            return False  # ``x.device`` of a tensor not shown on an accelerator (``args.device``, an option, is read below)
         # ``self.device``: an attribute of the file's object, bound like any name (``self.device = torch.device(...)``)
     # a name bound to one, a device handed in as a parameter (every call of the file passes one), a helper's return
     sources = device_sources(facts, node, order, scope)
+    if not sources and isinstance(node, cst.Attribute) and facts.attribute_store(node, order, scope) is None:
+        # ``args.device`` of ``add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")``
+        default = option_default_expression(facts, node, order, scope)
+        sources = [default] if default is not None else []
     return bool(sources) and all(accelerator_device(facts, *source, depth + 1) for source in sources)
 
 

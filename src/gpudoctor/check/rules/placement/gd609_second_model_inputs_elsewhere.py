@@ -142,7 +142,8 @@ class SecondModelInputsElsewhere(Rule):
             if owner and facts.value(target.value, site.order, site.scope).kind == "model":
                 if placement(facts, target.value, site.order, site.scope) in ("placed", "dispatched"):
                     return call, owner
-            return None
+                return None
+            # not a model's device: ``args.device`` (an option whose default is "cuda"), ``x.device`` of a placed tensor
         from gpudoctor.check.facts import string_value
 
         text = string_value(target)
