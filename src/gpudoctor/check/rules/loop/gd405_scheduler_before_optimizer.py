@@ -2,11 +2,12 @@ from __future__ import annotations
 
 import libcst as cst
 
-from gpudoctor.check.facts import FileFacts, name_key
+from gpudoctor.check.facts import FileFacts, FunctionFrame, IfFrame, name_key
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.loop._common import (
+    frames_inside,
     in_loop,
     innermost_loop,
     is_optimizer_step,
@@ -38,17 +39,10 @@ class SchedulerBeforeOptimizer(Rule):
             loop = innermost_loop(sched)
             if loop is None:
                 continue
-            opt = next(
-                (
-                    s
-                    for s in steps
-                    if s.order > sched.order and innermost_loop(s) is loop and in_loop(s, loop) and is_optimizer_step(facts, s)
-                ),
-                None,
-            )
+            opt = self._later_optimizer_step(facts, sched, loop, steps)
             if opt is None:
                 continue
-            if any(s.order < sched.order and innermost_loop(s) is loop and is_optimizer_step(facts, s) for s in steps):
+            if any(s.order < sched.order and in_loop(s, loop) and is_optimizer_step(facts, s) for s in steps):
                 continue  # an optimizer step already ran earlier in the iteration
             yield self.report(
                 sched.node,
@@ -59,6 +53,32 @@ class SchedulerBeforeOptimizer(Rule):
                 fix_hint=f"Move `{snippet(facts, sched.node)}` after `{snippet(facts, opt.node)}`.",
                 related=((opt.node, "the optimizer steps here, after the scheduler"),),
             )
+
+
+    @staticmethod
+    def _later_optimizer_step(facts: FileFacts, sched, loop, steps):
+        """The optimizer step that follows ``sched`` in the same iteration of ``loop``: in the same loop body, or
+        (when the scheduler steps unconditionally at the top of an epoch loop) in a batch loop nested in it
+        (``for epoch: scheduler.step(); for batch: ... optimizer.step()``) or in the file's own function the
+        epoch loop calls after it (``for epoch: scheduler.step(); train_one_epoch(model, optimizer, ...)``).
+        In the first epoch the scheduler then steps before any optimizer step."""
+        for s in steps:
+            if s.order > sched.order and innermost_loop(s) is loop and in_loop(s, loop) and is_optimizer_step(facts, s):
+                return s
+        if any(isinstance(frame, IfFrame) for frame in frames_inside(sched, loop)):
+            return None  # ``if epoch > 0: scheduler.step()``: not the first iteration
+        for s in steps:
+            if s.order > sched.order and in_loop(s, loop) and s.order < loop.end_order and is_optimizer_step(facts, s):
+                if not any(isinstance(frame, FunctionFrame) for frame in frames_inside(s, loop)):
+                    return s  # in a loop nested in this one
+        for call in facts.calls:
+            if not (sched.order < call.order < loop.end_order and in_loop(call, loop)):
+                continue
+            for callee in facts.callee_scopes(call):
+                step = next((s for s in steps if s.scope is callee and is_optimizer_step(facts, s)), None)
+                if step is not None:
+                    return step
+        return None
 
 
 def _custom_scheduler(facts: FileFacts, site) -> bool:

@@ -195,6 +195,11 @@ def graph_tensor(facts: FileFacts, node: Optional[cst.BaseExpression], order: in
         site = facts.call_site(node)
         if site is not None and forward_target(facts, site) is not None:
             return "output"
+        if site is not None and site.qualname is None:
+            # ``loss = self.train_step(x, y)``: what every return of the file's own helper gives back
+            return facts.every_return(
+                site, lambda value, at, callee_scope, _callee: graph_tensor(facts, value, at, callee_scope, depth + 1)
+            )
         return None
     if isinstance(node, cst.Attribute):
         if node.attr.value == "data":

@@ -52,7 +52,7 @@ class LossTensorRunningTotal(Rule):
             return None
         if self._total_is_differentiated(facts, total, site):
             return None  # the sum is the loss to optimize (accumulated micro-batches, multi-task)
-        backward = self._backward_on(facts, loss_expr, loop)
+        backward = self._backward_on(facts, loss_expr, loop) or self._backward_in_helper(facts, loss_expr, site)
         if backward:
             severity = Severity.INFO
             effect = (
@@ -119,6 +119,17 @@ class LossTensorRunningTotal(Rule):
         # A model's forward or a compute_loss-like function returns the sum: the caller optimizes it
         # (transformers' multi-token-prediction and MusicGen codebook losses are summed in loops).
         return name == "forward" or ("loss" in name and "train" not in name)
+
+    @staticmethod
+    def _backward_in_helper(facts: FileFacts, loss: cst.BaseExpression, site) -> bool:
+        """``loss = self.step(x, y)`` where the file's own ``step`` runs ``backward()`` before returning the loss:
+        the loop trains, through the helper."""
+        held = facts.assignment_of(loss, site.order, site.scope) if isinstance(loss, (cst.Name, cst.Attribute)) else None
+        made = facts.call_site(held.value) if held is not None and isinstance(held.value, cst.Call) else None
+        if made is None:
+            return False
+        callees = facts.callee_scopes(made)
+        return any(call.scope in callees for call in facts.method_calls("backward"))
 
     @staticmethod
     def _backward_on(facts: FileFacts, loss: cst.BaseExpression, loop: LoopFrame) -> bool:

@@ -487,9 +487,14 @@ def moves_to_accelerator(facts: FileFacts) -> Optional[str]:
     return None
 
 
-def placement(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0) -> Optional[str]:
+def placement(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0,
+              expect_module: bool = False) -> Optional[str]:
     """Where a model expression is, as far as the file shows: "unplaced" (built on the CPU and never moved),
-    "placed" (moved, or loaded with a single-device map), "dispatched" (spread by a device map), or None."""
+    "placed" (moved, or loaded with a single-device map), "dispatched" (spread by a device map), or None.
+
+    ``expect_module``: the caller knows the value is an ``nn.Module`` (what ``nn.DataParallel`` wraps), so an
+    instance of a class imported from the project's own package (``from models import CompletionNetwork``) or a
+    torchvision model builder counts as built on the CPU, like the file's own ``nn.Module`` classes."""
     if node is None or depth > 5:
         return None
     if isinstance(node, cst.Call):
@@ -501,20 +506,20 @@ def placement(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: 
         if q == "copy.deepcopy" and node.args:  # where the original is when it is copied
             site = facts.call_site(node)
             at = (site.order, site.scope) if site is not None else (order, scope)
-            return placement(facts, node.args[0].value, *at, depth + 1)
+            return placement(facts, node.args[0].value, *at, depth + 1, expect_module)
         owner_method = apis.hf_class_method(q) if q else None
         if owner_method and owner_method[1] in ("from_pretrained", "from_config") and apis.is_model_class(owner_method[0]):
             device_map = facts.device_map(call_arg(node, keyword="device_map"), order, scope)
             if device_map is None or (device_map.strategy == "single" and device_map.devices <= {"cpu"}):
                 return "unplaced"
             return "dispatched" if device_map.maybe_dispatched else "placed"
-        if is_module_constructor(facts, node):
+        if is_module_constructor(facts, node) or (expect_module and _imported_model_constructor(q)):
             return "unplaced"
         site = facts.call_site(node)
         if site is not None and site.qualname is None:  # the file's own helper: what it returns
             for callee in facts.callee_scopes(site):
                 for ret in facts.returns.get(id(callee), ()):
-                    found = placement(facts, ret.value, ret.order, ret.scope, depth + 1)
+                    found = placement(facts, ret.value, ret.order, ret.scope, depth + 1, expect_module)
                     if found is not None:
                         return found
         return None
@@ -522,7 +527,7 @@ def placement(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: 
     param = facts.binding_at(key, order, scope) if key is not None else None
     if param is not None and param.kind == "param":  # handed in: where the caller's argument is
         passed = facts.param_argument(param)
-        return placement(facts, *passed, depth + 1) if passed is not None else None
+        return placement(facts, *passed, depth + 1, expect_module) if passed is not None else None
     binding = facts.assignment_of(node, order, scope)
     if binding is None:
         return None
@@ -533,7 +538,7 @@ def placement(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: 
                 return "placed"
         if binding.order < site.order < order and site.qualname in apis.DISPATCH and name_key(call_arg(site.node, 0, "model")) == key:
             return "dispatched"
-    built = placement(facts, binding.value, binding.order, binding.scope, depth + 1)
+    built = placement(facts, binding.value, binding.order, binding.scope, depth + 1, expect_module)
     if built in ("placed", "dispatched"):
         return built  # already on a device: a helper it is handed to uses it there
     # Handed to something that may place it (a helper, accelerator.prepare, a Trainer...)
@@ -542,6 +547,23 @@ def placement(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: 
             if facts._same_namespace(site.scope, scope, key):
                 return None
     return built
+
+
+
+# Libraries whose classes or builders may place, dispatch or wrap what they build (or are not models at all).
+_NOT_PLAIN_CONSTRUCTORS = ("torch.", "transformers.", "accelerate.", "peft.", "diffusers.", "deepspeed.", "timm.",
+                           "lightning.", "pytorch_lightning.", "vllm.", "bitsandbytes.")
+
+
+def _imported_model_constructor(qualname: Optional[str]) -> bool:
+    """``CompletionNetwork`` from the project's own ``models`` package (a class name: an instance built where
+    its parameters are created, on the CPU), or a ``torchvision.models`` builder (CPU weights)."""
+    if not qualname:
+        return False
+    if qualname.startswith("torchvision.models."):
+        return True
+    last = qualname.split(".")[-1]
+    return "." in qualname and last[:1].isupper() and not last.isupper() and not qualname.startswith(_NOT_PLAIN_CONSTRUCTORS)
 
 
 # ------------------------------------------------------------------------------------ tensors computed on the CPU

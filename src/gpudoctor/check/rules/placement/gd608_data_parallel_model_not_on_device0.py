@@ -28,7 +28,7 @@ class DataParallelModelNotOnDevice0(Rule):
             module = site.arg(0, "module")
             if module is None or id(site.node) in placed_receivers:
                 continue
-            where = placement(facts, module, site.order, site.scope)
+            where = placement(facts, module, site.order, site.scope, expect_module=True)  # DataParallel wraps a Module
             device_ids = site.arg(1, "device_ids")
             several = isinstance(device_ids, (cst.List, cst.Tuple)) and len(device_ids.elements) >= 2
             # A dispatched model is GD111's case (accelerate family); here only the unplaced one.
@@ -46,6 +46,9 @@ class DataParallelModelNotOnDevice0(Rule):
                 yield from self._moved_elsewhere(facts, site, module, device_ids)
                 continue
             created = facts.value(module, site.order, site.scope).origin().node
+            if not isinstance(created, cst.Call):  # an instance of an imported class the value lattice does not know
+                held = facts.assignment_of(module, site.order, site.scope) if name_key(module) is not None else None
+                created = held.value if held is not None else created
             yield self.report(
                 site.node,
                 message,
@@ -128,8 +131,9 @@ class DataParallelModelNotOnDevice0(Rule):
         for call in facts.calls:
             if exclusive_branches(site.context, call.context):
                 continue  # ``if multi_gpu: DataParallel(model)`` / ``else: model.cuda()``: the wrapped path never moves
-            if call.order > site.order and call.method in apis.MODULE_MOVES and name_key(call.receiver) in keys:
-                return True
+            if call.order > site.order and call.method in apis.MODULE_MOVES and name_key(call.receiver) in keys \
+                    and facts._same_namespace(call.scope, site.scope, name_key(call.receiver)):
+                return True  # (another function's local ``model`` is another model)
             if call.order > site.order and call.method in apis.MODULE_MOVES and name_key(call.receiver) is not None:
                 # the wrapper reached through a helper's return or a temporary
                 value = facts.value(call.receiver, call.order, call.scope)
@@ -138,6 +142,7 @@ class DataParallelModelNotOnDevice0(Rule):
                 if value is not None:
                     return True
             if call.order > site.order and isinstance(call.receiver, cst.Attribute) and call.receiver.attr.value == "module" \
-                    and name_key(call.receiver.value) in keys and call.method in apis.MODULE_MOVES:
+                    and name_key(call.receiver.value) in keys and call.method in apis.MODULE_MOVES \
+                    and facts._same_namespace(call.scope, site.scope, name_key(call.receiver.value)):
                 return True
         return False
