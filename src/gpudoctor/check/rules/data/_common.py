@@ -124,6 +124,9 @@ def encoding_source(facts: FileFacts, node: cst.BaseExpression, order: int, scop
     collate = _collate_of_loader_item(facts, node, order, scope)
     if collate is not None:
         return encoding_source(facts, collate[0], collate[1], collate[2], depth + 1)
+    stored = _stored_encoding(facts, node, order, scope, depth)
+    if stored is not None:
+        return stored
     key = name_key(node)
     binding = facts.binding_at(key, order, scope) if key is not None and "." not in key else None
     if binding is not None and binding.kind == "param":
@@ -133,6 +136,21 @@ def encoding_source(facts: FileFacts, node: cst.BaseExpression, order: int, scop
         )}
         if len(found) == 1 and None not in found:
             return next(iter(found.values()))
+    return None
+
+
+def _stored_encoding(facts: FileFacts, node: cst.BaseExpression, order: int, scope: Scope, depth: int) -> Optional[cst.Call]:
+    """``self.examples[idx]`` where every element the file puts in the list is one tokenizer call's encoding
+    (``enc = tokenizer(text, ...); self.examples.append(enc)`` in a Dataset's ``__init__``): that call."""
+    row = _row_of(node)
+    if row is None:
+        return None
+    items = facts.items_of(row, order, scope)
+    if not items:
+        return None
+    found = {id(c): c for c in (encoding_source(facts, item, at, within, depth + 1) for item, at, within in items)}
+    if len(found) == 1 and None not in found:
+        return next(iter(found.values()))
     return None
 
 

@@ -5,7 +5,7 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from gpudoctor.check.facts import FileFacts, name_key, string_value
+from gpudoctor.check.facts import FileFacts, IfFrame, LoopFrame, name_key, string_value
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import language_model_kind, snippet
 from gpudoctor.check.rule import Rule
@@ -125,6 +125,10 @@ def _returned_shift_pairs(facts: FileFacts) -> Iterator[tuple[cst.BaseExpression
             resolved = [_cut_of(facts, function, element, site.order) for element in elements]
             inputs = [node for node, kind in resolved if kind == "upper"]
             labels = [node for node, kind in resolved if kind == "lower"]
+            if len(labels) == 1 and not inputs:
+                # ``return ids, mask, labels`` with ``labels = ids[:, 1:]``: the full ids go in beside their shift
+                base = shifted_base(peel(facts, labels[0]))
+                inputs = [e for e in elements if base is not None and code(facts, e) == code(facts, base)]
             if len(inputs) == 1 and len(labels) == 1:
                 yield labels[0], inputs[0]
 
@@ -137,12 +141,30 @@ def _cut_of(facts: FileFacts, function, element: cst.BaseExpression, order: int)
         bindings = [b for b in function.bindings.get(element.value, ()) if b.order < order and b.kind == "assign"]
         if len(bindings) == 1 and bindings[0].value is not None:
             node = bindings[0].value
+        elif bindings and all(b.value is not None and not any(isinstance(f, (IfFrame, LoopFrame)) for f in b.context)
+                               for b in bindings):
+            # straight-line rebindings that only pad the name back (``labels = F.pad(labels, (0, 1), value=-100)``):
+            # the first binding holds the ids
+            first, *later = sorted(bindings, key=lambda b: b.order)
+            if all(_pads_itself(facts, b.value, element.value) for b in later):
+                node = first.value
     peeled = peel(facts, node)
     if shifted_base(peeled) is not None:
         return node, "lower"
     if shifted_base(peeled, upper=True) is not None:
         return node, "upper"
     return node, None
+
+
+_PAD = {"torch.nn.functional.pad"}
+
+
+def _pads_itself(facts: FileFacts, value: cst.BaseExpression, name: str) -> bool:
+    """``F.pad(name, ...)``: the same ids with fill values appended, the shift (if any) kept."""
+    return (
+        isinstance(value, cst.Call) and facts.qualname(value.func) in _PAD and bool(value.args)
+        and isinstance(value.args[0].value, cst.Name) and value.args[0].value.value == name
+    )
 
 
 def _sliced_local(facts: FileFacts, node: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:

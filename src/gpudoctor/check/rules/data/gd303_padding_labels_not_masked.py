@@ -51,6 +51,12 @@ class PaddingLabelsNotMasked(Rule):
             padding = padding_of(facts, call)
             if padding is None or (padding == "longest" and not _batched(facts, call)):
                 continue  # padding=True on one text pads nothing
+            # ``labels = input_ids.clone()`` then ``{"labels": labels}`` / ``model(..., labels=labels)``: the copy is
+            # what the user fixes (mask it right after), the use is part of the evidence.
+            use = None
+            copy = facts.assignment_of(labels, order, scope) if isinstance(labels, cst.Name) else None
+            if copy is not None and copy.scope is scope and ids_source(facts, copy.value, copy.order, copy.scope) is call:
+                use, labels = labels, copy.value
             if id(labels) in reported:
                 continue
             reported.add(id(labels))
@@ -69,6 +75,7 @@ class PaddingLabelsNotMasked(Rule):
                     "let `DataCollatorForSeq2Seq` pad labels with -100."
                 ),
                 related=(
+                    *(((use, "the copy is passed as the labels here"),) if use is not None else ()),
                     (call, "the input_ids are padded here"),
                     *(((call_arg(call, keyword="padding"), "`padding=` asks for it here"),)
                       if call_arg(call, keyword="padding") is not None else ()),

@@ -167,12 +167,17 @@ class CastQuantizedModel(Rule):
 
     @staticmethod
     def _bits(facts: FileFacts, load) -> int:
-        if is_true(call_arg(load, keyword="load_in_8bit")):
-            return 8
-        if is_true(call_arg(load, keyword="load_in_4bit")):
-            return 4
-        config = call_arg(load, keyword="quantization_config")
+        """The bit width the load asks for, also when its kwargs come in a ``**kwargs`` dict the file builds
+        (``kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)``)."""
         site = facts.call_site(load)
-        if config is None or site is None:
+        if site is None:
+            return 0
+        keyword = lambda name: facts.keyword_argument(load, name, site.order, site.scope)  # noqa: E731
+        if is_true(keyword("load_in_8bit")):
+            return 8
+        if is_true(keyword("load_in_4bit")):
+            return 4
+        config = keyword("quantization_config")
+        if config is None:
             return 0
         return facts.value(config, site.order, site.scope).traits.get("bits", 0)

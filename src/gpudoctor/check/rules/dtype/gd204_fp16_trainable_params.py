@@ -169,13 +169,15 @@ class Fp16TrainableParams(Rule):
         """How the file turns on fp16 AMP with a GradScaler, and where (keywords also read from a ``**kwargs``
         dict: ``TrainingArguments(**{"fp16": True, ...})``)."""
         for site in facts.calls_to(*apis.TRAINING_ARGS):
-            if is_true(facts.keyword_argument(site.node, "fp16", site.order, site.scope)):
-                return f"`{snippet(facts, site.node.func)}(fp16=True)` turns on fp16 AMP with a GradScaler", site.node
+            # where: the ``fp16=True`` the user turns off (its value, also inside a ``**kwargs`` dict)
+            flag = facts.keyword_argument(site.node, "fp16", site.order, site.scope)
+            if is_true(flag):
+                return f"`{snippet(facts, site.node.func)}(fp16=True)` turns on fp16 AMP with a GradScaler", flag
         for site in facts.calls_to(*apis.ACCELERATOR):
             # ``Accelerator(mixed_precision=args.mixed_precision)``: the option's default counts (what runs without it)
-            if string_through(facts, facts.keyword_argument(site.node, "mixed_precision", site.order, site.scope),
-                              site.order, site.scope) == "fp16":
-                return f"`{snippet(facts, site.node.func)}(mixed_precision=\"fp16\")` unscales gradients with a GradScaler", site.node
+            flag = facts.keyword_argument(site.node, "mixed_precision", site.order, site.scope)
+            if string_through(facts, flag, site.order, site.scope) == "fp16":
+                return f"`{snippet(facts, site.node.func)}(mixed_precision=\"fp16\")` unscales gradients with a GradScaler", flag
         for site in facts.calls_to(*apis.GRAD_SCALER):
             enabled = call_arg(site.node, keyword="enabled")
             if enabled is None or is_true(enabled):

@@ -15,6 +15,7 @@ from gpudoctor.check.facts import (
     WithFrame,
     call_arg,
     name_key,
+    string_value,
 )
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import exclusive_branches, snippet
@@ -77,7 +78,10 @@ class CpuInputToMovedModel(Rule):
             for index, (arg, keyword) in enumerate(inputs):
                 if hf_model and keyword == "labels":
                     continue  # transformers' loss moves the labels to the logits' device
-                evidence = self._cpu_mapping(facts, arg, site) if keyword == "**" else self._cpu_input(facts, arg, site)
+                evidence = (
+                    self._cpu_mapping(facts, arg, site) or self._unmoved_collated_batch(facts, arg, site)
+                    if keyword == "**" else self._cpu_input(facts, arg, site)
+                )
                 if evidence is None:
                     continue
                 origin, why = evidence
@@ -334,6 +338,37 @@ class CpuInputToMovedModel(Rule):
             "never moved on the way"
         )
 
+    def _unmoved_collated_batch(self, facts: FileFacts, arg: cst.BaseExpression, site) -> Optional[tuple[cst.CSTNode, str]]:
+        """``for batch in loader: model(**batch)`` where the whole batch comes from a ``DataLoader`` whose
+        ``collate_fn`` builds CPU tensors (a transformers data collator, or the file's own function returning a
+        ``tokenizer(..., return_tensors="pt")`` output it never moves) and the loop reads the batch nowhere before
+        the call (no ``batch = {k: v.to(device) ...}``, no ``batch.to(device)``)."""
+        if not isinstance(arg, cst.Name):
+            return None
+        binding = facts.binding_at(arg.value, site.order, site.scope)
+        if binding is None or binding.kind != "for" or binding.value is None:
+            return None
+        found = self._loader_and_path(facts, binding.value, binding.path, binding.order, binding.scope)
+        if found is None or found[1]:
+            return None  # not the whole batch
+        loader_expr, _path, order, scope = found
+        loader = facts.value(loader_expr, order, scope)
+        if loader.kind != "dataloader" or loader.has(TRAIT_PREPARED) or not isinstance(loader.node, cst.Call):
+            return None
+        if facts.qualname(loader.node.func) != "torch.utils.data.DataLoader" or any(a.star for a in loader.node.args):
+            return None
+        collate = call_arg(loader.node, keyword="collate_fn")
+        described = _cpu_collate(facts, collate, *facts._position_of(loader.node)) if collate is not None else None
+        if described is None:
+            return None
+        arg_position = facts._position_of(arg)[0]
+        if any(order_ < arg_position and node is not arg
+               for order_, node, _scope in facts.loads_of(arg.value, after=binding.order, scope=binding.scope)):
+            return None  # read on the way (moved in place, passed to a helper, ...): where it is is not shown
+        return binding.target, (
+            f"a batch from `{snippet(facts, loader_expr, 30)}`, whose collate function {described}, never moved on the way"
+        )
+
     @staticmethod
     def _loader_and_path(facts: FileFacts, iterable, path: tuple[int, ...], order: int, scope: Scope, depth: int = 0):
         """(the loader expression, the path inside one of its items, where it is read) for a loop iterable:
@@ -420,6 +455,46 @@ class CpuInputToMovedModel(Rule):
             if cpu_computed(facts, value.elements[index].value, ret.order, ret.scope) is None:
                 return None
         return f"`{class_name}`, whose `__getitem__` builds its tensors on the CPU"
+
+
+# transformers data collators: they pad and stack into CPU tensors (``torch.tensor``/``tokenizer.pad``) and never move.
+_CPU_COLLATORS = {
+    "transformers.DataCollatorWithPadding", "transformers.DataCollatorForLanguageModeling",
+    "transformers.DataCollatorForSeq2Seq", "transformers.DataCollatorForTokenClassification",
+    "transformers.DefaultDataCollator", "transformers.default_data_collator",
+}
+
+
+def _cpu_collate(facts: FileFacts, collate: cst.BaseExpression, order: int, scope: Scope) -> Optional[str]:
+    """How a ``collate_fn`` is known to build CPU tensors: a transformers data collator, or the file's own function
+    (not a method) whose every ``return`` gives a tokenizer output made with ``return_tensors="pt"`` that the
+    function never places (``.to``/``.cuda`` on it, or a ``device=`` anywhere in it)."""
+    if facts.qualname(collate) in _CPU_COLLATORS:
+        return f"`{snippet(facts, collate, 30)}` pads into CPU tensors"
+    built = facts.built_by(collate, order, scope)
+    if isinstance(built, cst.Call) and facts.qualname(built.func) in _CPU_COLLATORS:
+        return f"`{snippet(facts, built, 40)}` pads into CPU tensors"
+    if not isinstance(collate, cst.Name) or facts.binding_at(collate.value, order, scope) is None:
+        return None
+    functions = [f for f in facts.functions if f.name == collate.value and f.class_name is None]
+    if len(functions) != 1:
+        return None
+    function = functions[0]
+    if any(call.scope is function and (call.method in PLACING_METHODS or call_arg(call.node, keyword="device") is not None)
+           for call in facts.calls):
+        return None
+    returns = [r for r in facts.returns.get(id(function), ()) if r.value is not None]
+    if not returns:
+        return None
+    for ret in returns:
+        value = facts.value(ret.value, ret.order, ret.scope)
+        origin = value.node if value.base is None else None
+        if value.kind != "tokenizer_output" or not isinstance(origin, cst.Call):
+            return None
+        at = facts._position_of(origin)
+        if string_value(facts.keyword_argument(origin, "return_tensors", *at)) != "pt":
+            return None
+    return f"`{collate.value}` returns a `return_tensors=\"pt\"` tokenizer output (CPU tensors)"
 
 
 def _literal_scalar(facts: FileFacts, origin: cst.CSTNode) -> bool:
