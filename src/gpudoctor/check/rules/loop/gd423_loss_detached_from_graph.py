@@ -11,6 +11,11 @@ from gpudoctor.check.rules.loop._common import is_backward, is_optimizer_step
 
 # Constructors that copy their data into a NEW leaf tensor: whatever graph the data came from is not kept.
 _LEAF_CONSTRUCTORS = ("torch.tensor", "torch.autograd.Variable", "torch.autograd.variable.Variable")
+# Constructors whose result never has a graph: ``.requires_grad_()`` on them makes a new leaf.
+_GRAPHLESS = ("torch.tensor", "torch.from_numpy")
+# Tensor methods whose result depends on nothing but the tensor they are called on.
+_SAME_GRAPH_METHODS = frozenset({"mean", "sum", "float", "double", "half", "to", "cuda", "view", "reshape",
+                                 "squeeze", "unsqueeze", "clone", "abs"})
 
 
 class LossDetachedFromGraph(Rule):
@@ -65,6 +70,12 @@ def _fresh_leaf(facts: FileFacts, node: Optional[cst.BaseExpression], order: int
         if binding is None or binding.kind != "assign" or binding.value is None:
             return None
         return _fresh_leaf(facts, binding.value, binding.order, binding.scope, depth + 1)
+    if isinstance(node, cst.BinaryOperation):  # ``1 - torch.tensor(ccc, requires_grad=True)``
+        sides = [_fresh_leaf(facts, side, order, scope, depth + 1) for side in (node.left, node.right)]
+        numbers = [isinstance(side, (cst.Integer, cst.Float)) for side in (node.left, node.right)]
+        if all(found is not None or number for found, number in zip(sides, numbers)) and any(sides):
+            return next(found for found in sides if found is not None)
+        return None
     if not isinstance(node, cst.Call):
         return None
     site = facts.call_site(node)
@@ -74,9 +85,21 @@ def _fresh_leaf(facts: FileFacts, node: Optional[cst.BaseExpression], order: int
         if is_true(call_arg(node, keyword="requires_grad")):
             return node, "copies a value into a new leaf tensor"
         return None
+    if site.method == "requires_grad_" and _graphless(facts, site.receiver):
+        return node, "makes a new leaf tensor out of a value with no graph"
+    if site.method in _SAME_GRAPH_METHODS and site.receiver is not None:
+        return _fresh_leaf(facts, site.receiver, order, scope, depth + 1)
     if site.qualname is None and facts.callee_scopes(site):
         return facts.every_return(site, lambda value, o, s, _callee: _fresh_leaf(facts, value, o, s, depth + 1))
     return None
+
+
+def _graphless(facts: FileFacts, node: Optional[cst.BaseExpression]) -> bool:
+    """``torch.tensor(...)`` / ``torch.from_numpy(...)``, possibly behind ``.float()``/``.to(...)``."""
+    site = facts.call_site(node) if isinstance(node, cst.Call) else None
+    while site is not None and site.qualname is None and site.method in _SAME_GRAPH_METHODS:
+        site = facts.call_site(site.receiver) if isinstance(site.receiver, cst.Call) else None
+    return site is not None and site.qualname in _GRAPHLESS
 
 
 def _requires_grad_set(facts: FileFacts, key: str, order: int, scope: Scope) -> Optional[cst.CSTNode]:
