@@ -4,11 +4,11 @@ from typing import Optional
 
 import libcst as cst
 
-from gpudoctor.check.facts import CallSite, FileFacts, IfFrame, name_key
+from gpudoctor.check.facts import CallSite, FileFacts, FunctionFrame, IfFrame, LoopFrame, name_key
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
-from gpudoctor.check.rules.loop._common import innermost_loop, is_backward, is_optimizer_step, is_zero_grad
+from gpudoctor.check.rules.loop._common import is_backward, is_optimizer_step, is_zero_grad
 
 
 class ZeroGradBeforeStep(Rule):
@@ -28,10 +28,8 @@ class ZeroGradBeforeStep(Rule):
         for zero in facts.method_calls("zero_grad"):
             if not is_zero_grad(facts, zero):
                 continue
-            loop = innermost_loop(zero)
-            if loop is None:
-                continue
-            step = next((s for s in calls if s.order > zero.order and s.method == "step" and innermost_loop(s) is loop
+            unit = _iteration_unit(zero)
+            step = next((s for s in calls if s.order > zero.order and s.method == "step" and _iteration_unit(s) is unit
                          and is_optimizer_step(facts, s)), None)
             if step is None or _closure_step(facts, step) or not _same_branches(zero, step):
                 continue
@@ -39,7 +37,10 @@ class ZeroGradBeforeStep(Rule):
                 continue
             if any(zero.order < b.order < step.order for b in backwards):
                 continue  # a new backward fills the gradients again before the step
-            before = [b for b in backwards if b.order < zero.order and innermost_loop(b) is loop and _branches(b) <= _branches(zero)]
+            if _grads_restored(facts, zero, step):
+                continue
+            before = [b for b in backwards if b.order < zero.order and _iteration_unit(b) is unit
+                      and _branches(b) <= _branches(zero)]
             if not before:
                 continue
             backward = before[-1]
@@ -53,6 +54,24 @@ class ZeroGradBeforeStep(Rule):
                 f"above `{snippet(facts, backward.node, 40)}`.",
                 related=((backward.node, "the gradients are computed here"), (step.node, "the step sees none of them")),
             )
+
+
+def _iteration_unit(site) -> Optional[object]:
+    """The body that runs backward, zero_grad and step once per training step: the innermost loop, or, outside
+    any loop, the function itself (a ``train_step(batch)`` method the caller runs per batch), or the module
+    (None) for straight-line code."""
+    for frame in reversed(site.context):
+        if isinstance(frame, (LoopFrame, FunctionFrame)):
+            return frame
+    return None
+
+
+def _grads_restored(facts: FileFacts, zero: CallSite, step: CallSite) -> bool:
+    """``p.grad = saved`` between the zero_grad and the step (gradient surgery such as PCGrad): the step applies
+    the gradients the script put back."""
+    return any(
+        a.target.attr.value == "grad" and zero.order < a.order < step.order for a in facts.attribute_assigns
+    )
 
 
 def _branches(site) -> set:
