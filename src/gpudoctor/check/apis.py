@@ -427,10 +427,12 @@ _INSTANCE_USE = "|".join(
     for p in INSTANCE_PROFILES
     if p.distinctive | p.common
 )
-# A cell that only trains or evaluates what earlier cells built (``net.cuda()``, ``optimizer.zero_grad()``,
-# ``loss.backward()``, ``model.eval()``, ``x.to(device)``) names no library at all: those calls count too.
+# A cell that only trains or evaluates what earlier cells built (``net.cuda()``, ``Net(...).cuda()``,
+# ``optimizer.zero_grad()``, ``loss.backward()``, ``model.eval()``, ``x.to(device)``) names no library at all: those
+# calls count too, and so does a model class pasted on its own (``class Net(nn.Module):``).
 SNIPPET_USE = re.compile(
     rb"\btorch\.[a-z]|(?<![\w.])(?:" + "|".join(_SNIPPET_NAMES).encode() + rb")\s*[(.]"
     + rb"|(?<![\w.])(?:self\.)?(?:" + _INSTANCE_USE.encode() + rb")\b"
-    + rb"|\w\.(?:zero_grad|backward|cuda)\(\s*[)\w]|\w\.eval\(\s*\)|\w\.to\(\s*device\b"
+    + rb"|[\w)\]]\.(?:zero_grad|backward|cuda)\(\s*[)\w]|\w\.eval\(\s*\)|\w\.to\(\s*device\b"
+    + rb"|\bclass\s+\w+\s*\(\s*(?:torch\.)?nn\.Module\s*\)"
 )
