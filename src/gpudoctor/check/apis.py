@@ -279,6 +279,8 @@ WELL_KNOWN_NAMES = {
     "SFTTrainer": "trl.SFTTrainer",
     "SFTConfig": "trl.SFTConfig",
     "pipeline": "transformers.pipeline",
+    "torchvision": "torchvision",  # ``torchvision.models.resnet18(...)`` pasted without its import
+    "UNet2DConditionModel": "diffusers.UNet2DConditionModel",
 }
 
 # What ``from torch import *`` / ``from torch.nn import *`` bind that the engine reads (torch 2.13: the names are in
