@@ -825,3 +825,46 @@ def test_single_use_temporaries_are_resolved_once_for_every_rule():
     second = facts.calls_to("deepspeed.initialize")[1]
     assert [b.key for b in facts._bindings_of_value(second.node)] == ["shared"]
     assert facts.binding_at("a", 1 << 30, facts.functions[0]).value.value == "shared"
+
+
+def test_method_of_an_instance_handed_in_as_a_parameter():
+    facts = facts_of(
+        """
+        class Agent:
+            def act(self, state):
+                return state
+
+        class Other:
+            def act(self, state):
+                return None
+
+        def train(env, agent):
+            agent.act(env)
+
+        def main():
+            agent = Agent()
+            train(None, agent)
+        """
+    )
+    site = next(s for s in facts.calls if s.method == "act")
+    callees = facts.callee_scopes(site)
+    assert [(c.class_name, c.name) for c in callees] == [("Agent", "act")]
+
+
+def test_self_device_attribute_is_followed_as_a_device():
+    from gpudoctor.check.rules.placement._common import accelerator_device
+
+    facts = facts_of(
+        """
+        import torch
+
+        class Trainer:
+            def __init__(self, model, on_gpu):
+                self.device = torch.device("cuda")
+                self.model = model.to(self.device)
+                self.cpu_device = torch.device("cpu")
+                self.other = model.to(self.cpu_device)
+        """
+    )
+    moves = [s for s in facts.calls if s.method == "to"]
+    assert [accelerator_device(facts, s.arg(0), s.order, s.scope) for s in moves] == [True, False]

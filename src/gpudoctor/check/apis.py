@@ -61,6 +61,12 @@ DATALOADER = {"torch.utils.data.DataLoader"}
 GRAD_SCALER = {"torch.amp.GradScaler"}
 NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
 LM_COLLATOR = {"transformers.DataCollatorForLanguageModeling"}
+# Recurrent modules called as ``module(x, state)``: the state they return is computed from the state they are given,
+# so it carries the autograd graph of every call it has been through (ncps' CfC/LTC return ``(output, hx)`` alike).
+RECURRENT_MODULES = frozenset({
+    "torch.nn.RNN", "torch.nn.LSTM", "torch.nn.GRU", "torch.nn.RNNCell", "torch.nn.LSTMCell", "torch.nn.GRUCell",
+    "ncps.torch.CfC", "ncps.torch.LTC",
+})
 
 # Hub checkpoints whose tokenizer fills the embedding matrix exactly (``len(tokenizer) == config.vocab_size``): a token
 # added to the tokenizer gets id ``vocab_size``, one past the last embedding row, until

@@ -107,6 +107,15 @@ def reachable_accelerator(facts: FileFacts, prepare: CallSite, site: CallSite) -
     return prepare.receiver if here is not None and here is there else None
 
 
+def prepares_of(facts: FileFacts, receiver: cst.BaseExpression, order: int, scope: Scope) -> list[CallSite]:
+    """The ``prepare`` calls on the same Accelerator as ``receiver`` (the one the same ``Accelerator(...)``
+    built, whatever name holds it there)."""
+    origin = facts.value(receiver, order, scope).origin().node
+    if origin is None:
+        return []
+    return [site for site in facts.prepare_calls() if facts.value(site.receiver, site.order, site.scope).origin().node is origin]
+
+
 def accelerator_kwargs(facts: FileFacts, receiver: cst.BaseExpression, order: int, scope: Scope) -> dict[str, cst.BaseExpression]:
     value = facts.value(receiver, order, scope)
     call = value.origin().node
@@ -194,10 +203,21 @@ def parameters_owner(facts: FileFacts, params: Optional[cst.BaseExpression], ord
                     None,
                 )
             found = parameters_owner(facts, item, order, scope, depth + 1)
-            if found is None or name_key(found) is None:
+            if found is None or dotted(found) is None:
                 return None
             owners.append(found)
-        return owners[0] if len({name_key(o) for o in owners}) == 1 else None
+        if len({dotted(o) for o in owners}) == 1:
+            return owners[0]
+        # groups over submodules of one model (``net.model``, ``net.cpm``, ...): that model
+        roots = {name_key(_attribute_root(o)) for o in owners}
+        return _attribute_root(owners[0]) if len(roots) == 1 and None not in roots else None
+    if isinstance(params, cst.Call) and facts.qualname(params.func) is None:
+        # the file's own helper given the module (``get_parameters_conv(net.model, "weight")``): its parameters
+        site = facts.call_site(params)
+        if site is not None and facts.callee_scopes(site):
+            modules = [a.value for a in params.args if not a.star and _is_module_expression(facts, a.value, order, scope)]
+            if len(modules) == 1:
+                return modules[0]
     key = name_key(params)
     if key is None:
         return None
@@ -212,6 +232,38 @@ def parameters_owner(facts: FileFacts, params: Optional[cst.BaseExpression], ord
     if isinstance(value, cst.List) and not value.elements:
         return _appended_parameters_owner(facts, binding, order)
     return parameters_owner(facts, value, binding.order, binding.scope, depth + 1)
+
+
+def _attribute_root(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``net.model.backbone`` -> ``net``."""
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return node
+
+
+_MODULE_ONLY_METHODS = {"train", "eval", "parameters", "named_parameters", "modules", "named_modules", "state_dict",
+                        "load_state_dict"}
+
+
+def _is_module_expression(facts: FileFacts, node: cst.BaseExpression, order: int, scope: Scope) -> bool:
+    """A model, or a submodule read off one (``net.model`` where ``net`` is a model). A model of a class the
+    file imports from its own package is known by its use: ``net.train()``, ``net.load_state_dict(...)``,
+    ``DataParallel(net)`` in the same function."""
+    root = _attribute_root(node)
+    for candidate in {id(node): node, id(root): root}.values():
+        if name_key(candidate) is None:
+            continue
+        if facts.value(candidate, order, scope).kind == "model":
+            return True
+        key = name_key(candidate)
+        for site in facts.calls:
+            if site.scope is not scope:
+                continue
+            if site.method in _MODULE_ONLY_METHODS and name_key(site.receiver) == key and not site.node.args[1:]:
+                return True
+            if site.qualname in apis.DATA_PARALLEL | apis.DISTRIBUTED_DATA_PARALLEL and name_key(site.arg(0, "module")) == key:
+                return True
+    return False
 
 
 def _appended_parameters_owner(facts: FileFacts, binding, order: int) -> Optional[cst.BaseExpression]:

@@ -1,6 +1,6 @@
 """Turn an exception plus the probe's state into a diagnosis: where, which tensors, why, and the fix.
 
-Root causes and fixes are the ones verified on torch 2.13 / accelerate 1.15 / transformers 5.24
+Root causes and fixes are the ones verified on torch 2.13 / accelerate 1.15–1.16 / transformers 5.24
 (shared research: pitfall-ground-truth.md rows, runtime-anchors.md §7.1).
 """
 

@@ -85,7 +85,30 @@ def ensure_backend() -> str:
         from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
         _setup_privateuseone_for_python_backend(rename=BACKEND_NAME, backend_module=_BackendModule())
+        _hide_from_torch_accelerator_when_closed()
         return BACKEND_NAME
+
+
+_open_contexts = 0  # VirtualGPUs contexts now open: only inside one is the virtual backend the machine's accelerator
+
+
+def _hide_from_torch_accelerator_when_closed() -> None:
+    """Once registered, PrivateUse1 is what ``torch.accelerator.current_accelerator()`` reports for the rest of the
+    process, and accelerate 1.16 picks its device there (``Accelerator()`` would then train on ``gpu`` outside fake
+    mode and fail). Outside a :class:`VirtualGPUs` context the process is the CPU-only machine it is: report no
+    accelerator there, as before the registration. (gpudoctor.simulate's session shows ``cuda`` by itself.)"""
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None:
+        return
+    reported = accelerator.current_accelerator
+
+    def current_accelerator(check_available: bool = False):
+        device = reported(check_available)
+        if device is not None and device.type == BACKEND_NAME and not _open_contexts:
+            return None
+        return device
+
+    accelerator.current_accelerator = current_accelerator
 
 
 _SIZE_RE = re.compile(r"^\s*([\d.]+)\s*([KMGT]?i?B)?\s*$", re.I)
@@ -198,6 +221,36 @@ def _tensors_in(value) -> Iterator[torch.Tensor]:
             yield from _tensors_in(item)
 
 
+@contextlib.contextmanager
+def _virtual_accelerator_shown() -> Iterator[None]:
+    """The virtual backend as the machine's accelerator, with a ``torch.accelerator.empty_cache()`` that does
+    nothing for it: accelerate 1.16 empties the cache through ``torch.accelerator`` after each tensor it places on
+    an accelerator (``set_module_tensor_to_device`` -> ``clear_device_cache``), and the virtual backend has no
+    caching allocator, so torch's call fails an internal assert ("Allocator for gpu is not a DeviceAllocator").
+    On a real GPU it only hands cached blocks back to the driver, which nothing here observes."""
+    global _open_contexts
+    accelerator = getattr(torch, "accelerator", None)
+    original = getattr(accelerator, "empty_cache", None)
+
+    def empty_cache() -> None:
+        current = accelerator.current_accelerator()
+        if current is not None and current.type == BACKEND_NAME:
+            return
+        original()
+
+    with _lock:
+        _open_contexts += 1
+        if original is not None:
+            accelerator.empty_cache = empty_cache
+    try:
+        yield
+    finally:
+        with _lock:
+            _open_contexts -= 1
+            if original is not None:
+                accelerator.empty_cache = original
+
+
 class VirtualGPUs:
     """Context manager: fake mode over ``gpu:0..gpu:{DEVICE_COUNT-1}``, optional per-device memory cap."""
 
@@ -216,6 +269,7 @@ class VirtualGPUs:
         if self.memory_cap is not None:
             self.cap_mode = MemoryCapMode(self.memory_cap)
             self._stack.enter_context(self.cap_mode)
+        self._stack.enter_context(_virtual_accelerator_shown())
         return self
 
     def __exit__(self, *exc) -> None:

@@ -158,19 +158,75 @@ class ExpressionValues:
                 return [s for s in self._functions_by_name.get("__init__", ()) if s.class_name == func.value]
             return [s for s in self._functions_by_name.get(func.value, ()) if s.class_name is None or s.parent is self.module_scope]
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
-            return [s for s in self._functions_by_name.get(func.attr.value, ()) if s.class_name and s.class_name == site.scope.class_name]
-        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
-            # ``sampler = UniformSampler(n)`` ... ``sampler.sample(b)``: a method of an instance of the file's class
-            binding = self.binding_at(func.value.value, site.order, site.scope)
-            made = binding.value if binding is not None and binding.kind == "assign" else None
-            if isinstance(made, cst.Call) and isinstance(made.func, cst.Name) and made.func.value in self.classes:
-                return [s for s in self._functions_by_name.get(func.attr.value, ()) if s.class_name == made.func.value]
-        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call) and isinstance(func.value.func, cst.Name):
-            # ``ModelBuilder(cfg).build()``: a method of an instance of the file's class made in place
-            made = func.value.func.value
-            if made in self.classes:
-                return [s for s in self._functions_by_name.get(func.attr.value, ()) if s.class_name == made]
+            return self._self_method_scopes(func.attr.value, site.scope.class_name)
+        if isinstance(func, cst.Attribute) and (name_key(func.value) is not None or isinstance(func.value, cst.Call)):
+            # ``sampler = UniformSampler(n)`` ... ``sampler.sample(b)``: a method of an instance of the file's class,
+            # also made in place (``ModelBuilder(cfg).build()``), through parameters (``train(opt, loader, model)``
+            # called with ``model = VSE(opt)``) and ``self.x``
+            owner = self._instance_class(func.value, site.order, site.scope)
+            if owner is not None:
+                return self._self_method_scopes(func.attr.value, owner)
         return []
+
+    def _instance_class(self, node: cst.BaseExpression, order: int, scope: "Scope", depth: int = 0,
+                        follow_params: Optional[bool] = None) -> Optional[str]:
+        """The file's own class whose instance the name (or ``self.x``) ``node`` holds: every source of it is a
+        ``Cls(...)`` call of the same class; None otherwise."""
+        if depth > 4:
+            return None
+        if isinstance(node, cst.Call):
+            func = node.func
+            return func.value if isinstance(func, cst.Name) and func.value in self.classes else None
+        if name_key(node) is None or (isinstance(node, cst.Name) and node.value == "self"):
+            return None
+        # Following a parameter asks for the calls of its function, which resolves their callees again: a
+        # resolution entered from there (while another one runs) does not follow parameters, so it cannot recurse.
+        outermost = not self.__dict__.get("_resolving_instance", False)
+        if follow_params is None:
+            follow_params = outermost
+        self.__dict__["_resolving_instance"] = True
+        try:
+            sources = self.follow_name(node, order, scope, attributes=True, params=follow_params)
+            found = {self._instance_class(*source, depth + 1, follow_params) for source in sources or ()}
+        finally:
+            if outermost:
+                self.__dict__["_resolving_instance"] = False
+        return found.pop() if len(found) == 1 and None not in found else None
+
+    def _self_method_scopes(self, method: str, class_name: Optional[str]) -> list["Scope"]:
+        """What ``self.method(...)`` in a method of ``class_name`` runs: the class's own definition, else the one
+        it inherits from the nearest of the file's classes it derives from; plus the overrides in the file's
+        subclasses of it (their instances run those: a base ``forward`` calling ``self._forward(...)``)."""
+        if not class_name:
+            return []
+        defined: dict[str, list] = {}
+        for scope in self._functions_by_name.get(method, ()):
+            if scope.class_name:
+                defined.setdefault(scope.class_name, []).append(scope)
+        found = []
+        for owner in (class_name, *self._local_ancestors(class_name)):
+            if owner in defined:
+                found.extend(defined[owner])
+                break
+        for owner, scopes in defined.items():
+            if owner != class_name and class_name in self._local_ancestors(owner):
+                found.extend(s for s in scopes if s not in found)
+        return found
+
+    def _local_ancestors(self, class_name: str) -> list[str]:
+        """The file's own classes ``class_name`` derives from, nearest first (by name, through local bases)."""
+        cache = self.__dict__.setdefault("_local_ancestors_cache", {})
+        if class_name not in cache:
+            cache[class_name] = []  # a cycle (a base named like a later class) ends here
+            found: list[str] = []
+            scope = self.classes.get(class_name)
+            for base in (scope.node.bases if scope is not None and isinstance(scope.node, cst.ClassDef) else ()):
+                local = name_key(base.value)
+                if local in self.classes and local != class_name and local not in found:
+                    found.append(local)
+                    found.extend(a for a in self._local_ancestors(local) if a not in found)
+            cache[class_name] = found
+        return cache[class_name]
 
     def every_return(self, site: "CallSite", read: Callable[..., Any], path: tuple[int, ...] = ()) -> Any:
         """``read(value, order, scope, callee)`` of what every ``return`` of the file's function(s) ``site`` calls
@@ -205,7 +261,8 @@ class ExpressionValues:
                     by_name.setdefault((dotted(site.node.func) or "").split(".")[-1], []).append(site)
             name = scope.class_name if scope.name == "__init__" and scope.class_name else scope.name
             found = [site for site in by_name.get(name, ()) if scope in self.callee_scopes(site)]
-            cache[id(scope)] = found
+            if not self.__dict__.get("_resolving_instance", False):
+                cache[id(scope)] = found  # not while an instance's class is resolved without its parameters
         return found
 
     def bindings_built_by(self, call: cst.Call) -> list["Binding"]:
@@ -322,7 +379,13 @@ class ExpressionValues:
             return Value(TENSOR, node, base=inner) if inner.kind == TENSOR else UNKNOWN
         if isinstance(node, cst.IfExp):
             body = self.value(node.body, order, scope)
-            return body if body.kind != "unknown" else self.value(node.orelse, order, scope)
+            orelse = self.value(node.orelse, order, scope)
+            for branch, value in ((node.body, body), (node.orelse, orelse)):
+                if _is_unwrap(branch) and value.kind == "model":
+                    # ``m.module if isinstance(m, DataParallel) else m``: whichever branch runs, the result is the
+                    # unwrapped model (the other branch only runs when ``m`` is not a wrapper).
+                    return value
+            return body if body.kind != "unknown" else orelse
         if isinstance(node, cst.Subscript):
             base = self.value(node.value, order, scope)
             if base.kind in (BATCH, TOKENIZER_OUTPUT, MODEL_OUTPUT):
@@ -366,6 +429,8 @@ class ExpressionValues:
             return Value(TENSOR, node, base=base)
         if base.kind == "model" and attr in ("weight", "bias"):
             return _tensor(node, parameter=base)
+        if base.kind == "model" and attr == "module":
+            return _unwrapped(base, node)
         if base.kind == DIFFUSION_PIPELINE and attr in apis.DIFFUSION_PIPELINE_MODULES:
             return self._pipeline_component(node, base, order, scope)
         return UNKNOWN
@@ -394,6 +459,10 @@ class ExpressionValues:
                 return self.item_of(call.args[0].value, order, scope, ())
             if name in ("iter", "tqdm", "list", "tuple") and call.args and self.binding_at(name, order, scope) is None:
                 return self.value(call.args[0].value, order, scope)
+            if _is_unwrap(call) and self.binding_at(name, order, scope) is None:
+                # ``getattr(m, "module", m)``: the inner model when ``m`` is a wrapper, else ``m`` itself (not one)
+                wrapped = self.value(call.args[0].value, order, scope)
+                return _unwrapped(wrapped, call) if wrapped.has("wrapper") else wrapped
         if isinstance(func, cst.Attribute):
             receiver = self.value(func.value, order, scope)
             method = func.attr.value
@@ -526,7 +595,10 @@ class ExpressionValues:
 
     def _param_value(self, binding: "Binding") -> Value:
         """A parameter is what the file's calls pass to it (the first call that passes something known),
-        else its default."""
+        else its default. ``self`` of a method of the file's ``nn.Module`` subclass is that module."""
+        owner = self._instance_param_class(binding)
+        if owner is not None and self.is_module_class(owner):
+            return Value("model", binding.target, {"class": owner, "module": True})
         for arg, order, scope in self.param_arguments(binding):
             value = self.value(arg, order, scope)
             if value.kind != "unknown":
@@ -553,9 +625,41 @@ class ExpressionValues:
             return None
         if binding.kind == "param":
             return self.param_sources(binding, passed) if params else None
+        if binding.kind == "unpack" and binding.value is not None and binding.path:
+            return self._unpacked_sources(binding)
         if binding.kind != "assign" or binding.value is None:
             return None
         return [(binding.value, binding.order, binding.scope)]
+
+    def _unpacked_sources(self, binding: "Binding") -> Optional[list[tuple[cst.BaseExpression, int, "Scope"]]]:
+        """The element an unpacking binds: ``a, b = x, y`` -> ``y`` for b; ``loader, labels = build(cfg)`` -> the
+        element at that position of every ``return`` of the file's own ``build`` (None when one return is not a
+        tuple display of that shape: not followed)."""
+        value = binding.value
+        if isinstance(value, cst.Tuple):
+            sources = [(value, binding.order, binding.scope)]
+        elif isinstance(value, cst.Call):
+            site = self.call_site(value)
+            callees = self.callee_scopes(site) if site is not None and site.qualname is None else []
+            if not callees or any(callee.name == "__init__" for callee in callees):
+                return None
+            returns = [ret for callee in callees for ret in self.returns.get(id(callee), ())]
+            if not returns or any(ret.kind != "return" or ret.value is None for ret in returns):
+                return None
+            sources = [(ret.value, ret.order, ret.scope) for ret in returns]
+        else:
+            return None
+        found = []
+        for element, order, scope in sources:
+            for index in binding.path:
+                if not isinstance(element, (cst.Tuple, cst.List)) or index >= len(element.elements):
+                    return None
+                item = element.elements[index]
+                if isinstance(item, cst.StarredElement) or any(isinstance(e, cst.StarredElement) for e in element.elements):
+                    return None
+                element = item.value
+            found.append((element, order, scope))
+        return found
 
     def through_name(self, read: Callable[..., Any], node: Optional[cst.CSTNode], order: int, scope: "Scope", **follow) -> Any:
         """``read(expression, order, scope)`` of what the name ``node`` stands for (``follow_name``, with its
@@ -577,6 +681,20 @@ class ExpressionValues:
     def param_argument(self, binding: "Binding"):
         """(the argument, order, scope) the first call of the function passes for parameter ``binding``."""
         return next(self.param_arguments(binding), None)
+
+    @staticmethod
+    def _instance_param_class(binding: "Binding") -> Optional[str]:
+        """The class whose instance the parameter ``binding`` is: the first parameter of a plain method
+        (``self``; not of a staticmethod/classmethod)."""
+        function, param = binding.scope, binding.target
+        if not isinstance(function.node, cst.FunctionDef) or not isinstance(param, cst.Param):
+            return None
+        if function.parent is None or function.parent.kind != "class":
+            return None
+        if any(d.split(".")[-1] in ("staticmethod", "classmethod") for d in function.decorators):
+            return None
+        params = [*function.node.params.posonly_params, *function.node.params.params]
+        return function.class_name if params and params[0] is param else None
 
     def param_arguments(self, binding: "Binding"):
         """(argument, order, scope) for each call of the file that passes parameter ``binding``."""
@@ -777,3 +895,23 @@ class ExpressionValues:
             else:
                 return UNKNOWN
         return value
+
+
+def _is_unwrap(node: cst.CSTNode) -> bool:
+    """``m.module`` or ``getattr(m, "module", m)``: the unwrapping idioms for a DataParallel/DDP wrapper."""
+    if isinstance(node, cst.Attribute):
+        return node.attr.value == "module"
+    return (
+        isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "getattr"
+        and len(node.args) == 3 and string_value(node.args[1].value) == "module"
+    )
+
+
+def _unwrapped(model: Value, node: cst.CSTNode) -> Value:
+    """What ``node`` (``.module`` of a model value) is: the model a DataParallel/DDP wrapper holds (its ``base``;
+    a model of unknown make when the wrapped expression is not known), or unknown when the value is not such a
+    wrapper (``.module`` of another object says nothing)."""
+    wrapper = model.carrier("wrapper")
+    if wrapper is None:
+        return UNKNOWN
+    return wrapper.base if wrapper.base is not None and wrapper.base.kind == "model" else Value("model", node)

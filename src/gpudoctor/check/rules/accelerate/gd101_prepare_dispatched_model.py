@@ -60,5 +60,8 @@ class PrepareDispatchedModel(Rule):
                     "process a full copy: `device_map={\"\": PartialState().process_index}`."
                 ),
                 severity=severity,
-                related=((placer, "the model is dispatched over several devices here"),),
+                related=(
+                    (placer, "the model is dispatched over several devices here"),
+                    (site.node, f"and handed to {where} here"),
+                ),
             )

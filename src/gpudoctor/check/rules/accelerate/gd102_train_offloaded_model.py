@@ -58,5 +58,9 @@ class TrainOffloadedModel(Rule):
                     "(more GPUs, 8/4-bit quantization, a smaller model), or put LoRA only on modules that stay on a GPU."
                 ),
                 severity=Severity.ERROR if certain else Severity.WARNING,
-                related=((source.node, "the model is loaded with offload here"),) if source.node is not None else (),
+                related=(
+                    *(((source.node, "the model is loaded with offload here"),) if source.node is not None else ()),
+                    *(((device_map.node, "the device map that offloads is written here"),)
+                      if certain and device_map.node is not None else ()),
+                ),
             )

@@ -96,6 +96,12 @@ class LossBackwardWithAccelerator(Rule):
                 severity = Severity.WARNING
             else:
                 severity = Severity.INFO  # precision set in code to no/bf16, no accumulation: as written it works
+            causes = (
+                [(kwargs["mixed_precision"], "fp16 mixed precision (a GradScaler) is turned on here")]
+                if "mixed_precision" in kwargs and mixed_precision_fp16(facts, kwargs) else []
+            )
+            if accumulates:
+                causes.append((kwargs["gradient_accumulation_steps"], "the loss is to be divided by these accumulation steps"))
             yield self.report(
                 site.node,
                 f"`{loss}.backward()` bypasses `{acc_name}.backward({loss})`, which (accelerate "
@@ -112,4 +118,5 @@ class LossBackwardWithAccelerator(Rule):
                 ),
                 fix=fix,
                 severity=severity,
+                related=tuple(causes),
             )

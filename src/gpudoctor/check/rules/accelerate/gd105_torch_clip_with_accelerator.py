@@ -87,4 +87,8 @@ class TorchClipWithAccelerator(Rule):
                 fix_hint=f"Use `{acc_name}.{function}(...)`, once per optimizer step under `if {acc_name}.sync_gradients:`.",
                 severity=severity,
                 fix=Fix(f"Call `{acc_name}.{function}` instead", Applicability.SAFE, (Edit(site.node.func, replacement),)),
+                related=(
+                    ((kwargs["mixed_precision"], "fp16 mixed precision (a GradScaler) is turned on here"),)
+                    if fp16 and "mixed_precision" in kwargs else ()
+                ),
             )

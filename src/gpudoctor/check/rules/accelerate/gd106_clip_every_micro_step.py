@@ -48,4 +48,9 @@ class ClipEveryMicroStep(Rule):
                 f"(gradient_accumulation_steps={snippet(facts, steps_node)}): {effect}.",
                 fix_hint=f"Guard it: `if {acc}.sync_gradients: {acc}.{site.method}(...)`.",
                 severity=Severity.ERROR if fp16 else Severity.WARNING,
+                related=(
+                    *((f.item, f"`{acc}.accumulate(...)` syncs gradients only every few micro-batches")
+                      for f in site.context if isinstance(f, WithFrame) and f.method == "accumulate"),
+                    (steps_node, "the accumulation steps are set here"),
+                ),
             )

@@ -61,7 +61,11 @@ class DeviceMapAutoMultiprocess(Rule):
                 fix_hint='Give each process one full copy on its own GPU: `device_map={"": PartialState().process_index}` '
                 "(from accelerate), or keep `device_map=\"auto\"` and launch one process.",
                 severity=Severity.ERROR if prepared_or_trained else Severity.WARNING,
-                related=() if direct else ((expr, "the automatic map is set here"),),
+                related=(
+                    *(() if direct else ((expr, "the automatic map is set here"),)),
+                    *(((device_map.node, "the automatic map is chosen here"),) if device_map.node is not None else ()),
+                    (site.node, "the model is loaded with it here"),
+                ),
             )
 
     @staticmethod

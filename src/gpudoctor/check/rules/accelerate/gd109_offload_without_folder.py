@@ -111,6 +111,7 @@ class OffloadWithoutFolder(Rule):
                     call,
                     f"`{snippet(facts, call)}` {why} but no `{folder_kw}=`, so it raises \"{message}\"",
                     fix_hint=f"Pass `{folder_kw}=\"offload\"` (any writable folder), or keep those modules on cpu.",
+                    related=_map_written(device_map),
                 )
                 continue
             owner_method = apis.hf_class_method(q)
@@ -134,4 +135,10 @@ class OffloadWithoutFolder(Rule):
                 fix_hint="Pass `offload_folder=\"offload\"`, or load the safetensors weights (disk offload then reads "
                 "them in place).",
                 severity=Severity.WARNING,
+                related=_map_written(device_map),
             )
+
+
+def _map_written(device_map) -> tuple:
+    """Where the device map that offloads is written (a dict bound to a name, or built elsewhere)."""
+    return ((device_map.node, "the device map that offloads is written here"),) if device_map.node is not None else ()

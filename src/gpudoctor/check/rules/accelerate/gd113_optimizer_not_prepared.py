@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from gpudoctor.check.facts import TRAIT_PREPARED, FileFacts, LoopFrame, int_value
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import accelerator_kwargs, mixed_precision_fp16, snippet
+from gpudoctor.check.queries import accelerator_kwargs, mixed_precision_fp16, prepares_of, snippet
 from gpudoctor.check.rule import Rule
 
 
@@ -70,6 +70,19 @@ class OptimizerNotPrepared(Rule):
                     f"`{opt}.step()` steps an optimizer that `{acc}.prepare` never wrapped, while "
                     f"`{acc}.backward(...)` is used: " + "; ".join(effects) + ".",
                     fix_hint=f"`{opt} = {acc}.prepare({opt})` (with the model and dataloaders), and step what prepare returns.",
-                    related=((backward.node, f"`{acc}.backward(...)` scales/divides the loss here"),),
+                    related=(
+                        (backward.node, f"`{acc}.backward(...)` scales/divides the loss here"),
+                        *((prepare.node, f"`{acc}.prepare(...)` leaves `{opt}` out here")
+                          for prepare in _prepares_without_optimizer(facts, backward, step)),
+                        *(((kwargs["mixed_precision"], "fp16 mixed precision (a GradScaler) is turned on here"),) if fp16 else ()),
+                        *(((kwargs["gradient_accumulation_steps"], "the accumulation steps are set here"),)
+                          if accumulating else ()),
+                    ),
                     severity=Severity.WARNING if unknown_steps and not fp16 else None,
                 )
+
+
+def _prepares_without_optimizer(facts: FileFacts, backward, step) -> list:
+    """Where the optimizer belongs: the accelerator's only ``prepare`` call, else those in the stepping function."""
+    own = prepares_of(facts, backward.receiver, backward.order, backward.scope)
+    return own if len(own) == 1 else [site for site in own if site.scope is step.scope]

@@ -8,7 +8,7 @@ import libcst as cst
 from gpudoctor.check import apis
 from gpudoctor.check.facts import FileFacts, IfFrame, LoopFrame, WithFrame, call_arg, int_value, name_key
 from gpudoctor.check.facts.nodes import walk
-from gpudoctor.check.queries import accelerator_kwargs, snippet
+from gpudoctor.check.queries import accelerator_kwargs, prepares_of, snippet
 from gpudoctor.check.rule import Rule
 
 # The length argument of the common schedules: keyword, and position for the transformers helpers.
@@ -61,7 +61,12 @@ class SchedulerNotPreparedWithAccumulation(Rule):
             acc = snippet(facts, accumulate.receiver)
             related = [
                 (accumulate.item, f"`{acc}.accumulate(...)` syncs gradients every {n} micro-batches"),
+                (steps_node, "the accumulation steps are set here"),
                 (created, f"`{key}` is sized in optimizer updates here (`{snippet(facts, length, 50)}`) and not prepared"),
+            ]
+            related += [
+                (prepare.node, f"`{acc}.prepare(...)` leaves `{key}` out here")
+                for prepare in _prepares_without(facts, accumulate.receiver, site, created)
             ]
             yield self.report(
                 site.node,
@@ -95,6 +100,15 @@ class SchedulerNotPreparedWithAccumulation(Rule):
                     if facts.value(frame.receiver, other.order, other.scope).kind == "accelerator":
                         return frame
         return None
+
+
+def _prepares_without(facts: FileFacts, accelerator: cst.BaseExpression, step, scheduler: cst.Call) -> list:
+    """The ``prepare`` calls of the accumulating accelerator where the scheduler belongs: those that prepare
+    its optimizer, else the accelerator's only ``prepare``."""
+    own = prepares_of(facts, accelerator, step.order, step.scope)
+    optimizer = name_key(call_arg(scheduler, 0, "optimizer"))
+    with_optimizer = [site for site in own if optimizer is not None and optimizer in {name_key(a.value) for a in site.node.args}]
+    return with_optimizer or (own if len(own) == 1 else [])
 
 
 def _guarded(facts: FileFacts, site) -> bool:

@@ -56,7 +56,15 @@ class LabelsFromSeparateTokenization(Rule):
                 continue  # the same text tokenized twice: the same ids
             if _ids_rewritten(facts, labels, order, scope) or _ids_rewritten(facts, _encoding_of(inputs), order, scope):
                 continue  # `enc["input_ids"][i] = prompt + answer`: the ids were rebuilt element-wise
-            yield self.report(node, self._message(facts, labels, label_call, input_call), fix_hint=self._hint())
+            yield self.report(
+                node,
+                self._message(facts, labels, label_call, input_call),
+                fix_hint=self._hint(),
+                related=(
+                    (input_call, "`input_ids` are tokenized here"),
+                    (label_call, "`labels` are tokenized separately here"),
+                ),
+            )
         # ``tokenizer(prompt, text_target=answer)``: the encoder-decoder spelling, whose ``labels`` are the answer's ids
         for site in facts.calls:
             target = site.arg(keyword="text_target")

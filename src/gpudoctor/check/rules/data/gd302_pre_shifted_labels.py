@@ -65,6 +65,7 @@ class PreShiftedLabels(Rule):
                     f"Pass unshifted labels: `labels={snippet(facts, base)}` with the full `input_ids` (set `-100` "
                     "where no loss is wanted). Shift only when you compute the loss yourself from `logits`."
                 ),
+                related=((labels, "the labels are shifted by hand here"),),
             )
 
     def _candidates(self, facts: FileFacts) -> Iterator[tuple[cst.BaseExpression, Optional[cst.BaseExpression], str]]:

@@ -68,7 +68,11 @@ class PaddingLabelsNotMasked(Rule):
                     "`labels = [t if m else -100 for t, m in zip(ids, mask)]`), or tokenize without padding and "
                     "let `DataCollatorForSeq2Seq` pad labels with -100."
                 ),
-                related=((call, "the input_ids are padded here"),),
+                related=(
+                    (call, "the input_ids are padded here"),
+                    *(((call_arg(call, keyword="padding"), "`padding=` asks for it here"),)
+                      if call_arg(call, keyword="padding") is not None else ()),
+                ),
             )
 
     def _copies(self, facts: FileFacts) -> Iterator[tuple[cst.BaseExpression, cst.Call, int, Scope]]:

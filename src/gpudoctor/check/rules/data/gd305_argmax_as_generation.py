@@ -53,6 +53,10 @@ class ArgmaxAsGeneration(Rule):
                     f"Generate: `out = {generate}(**inputs, max_new_tokens=100)` then "
                     "`tokenizer.decode(out[0][inputs[\"input_ids\"].shape[1]:], skip_special_tokens=True)`."
                 ),
+                related=(
+                    (forward.node, "one forward pass (teacher forcing) here"),
+                    (site.node, "its argmax is decoded as the answer here"),
+                ),
             )
 
     def _argmax_of(self, facts: FileFacts, node, order: int, scope: Scope, depth: int = 0) -> Optional[tuple[cst.Call, CallSite]]:

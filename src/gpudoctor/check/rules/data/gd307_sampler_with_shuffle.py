@@ -48,7 +48,7 @@ class SamplerWithShuffle(Rule):
                     "itself, reseeded by `set_epoch`).",
                     fix_hint=f"Drop `shuffle=True` when a sampler is given: `shuffle=({snippet(facts, given, 30)} is None)`"
                     if conditional else "Drop `shuffle=True` (let the sampler shuffle).",
-                    related=((made, "the sampler is built here"),),
+                    related=((made, "the sampler is built here"), (site.node, "the loader is built here")),
                 )
                 break
 

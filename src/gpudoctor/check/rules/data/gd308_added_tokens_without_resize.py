@@ -61,6 +61,8 @@ class AddedTokensWithoutResize(Rule):
                 "optimizer), or reuse a token the vocabulary has (`tokenizer.pad_token = tokenizer.unk_token`).",
                 # Named by a default the command line may replace: the checkpoint is the likely one, not a certain one.
                 severity=Severity.WARNING if from_default else Severity.ERROR,
+                related=tuple((load, f"the model is loaded here with {vocab} embedding rows, never resized")
+                              for load in _model_loads(facts, model_id)),
             )
 
     @staticmethod
@@ -105,6 +107,19 @@ class AddedTokensWithoutResize(Rule):
             if re.search(pattern, model_id):
                 return model_id, from_default, (family, vocab, existing)
         return None
+
+
+def _model_loads(facts: FileFacts, model_id: str) -> list[cst.Call]:
+    """The ``<ModelClass>.from_pretrained(...)`` calls of the same checkpoint (the resize belongs after them)."""
+    loads = []
+    for site in facts.calls:
+        owner_method = apis.hf_class_method(site.qualname) if site.qualname else None
+        if not (owner_method and owner_method[1] == "from_pretrained" and apis.is_model_class(owner_method[0])):
+            continue
+        resolved = _model_id(facts, site.arg(0, "pretrained_model_name_or_path"), site.order, site.scope)
+        if resolved is not None and resolved[0] == model_id:
+            loads.append(site.node)
+    return loads
 
 
 def _pad_replaced_after(facts: FileFacts, site) -> bool:

@@ -51,6 +51,7 @@ class LoadInKbitKwarg(Rule):
                     "this config loads in full precision.",
                     fix_hint="Pass `quantization_config=BitsAndBytesConfig(load_in_8bit=True)` to the model's "
                     "`from_pretrained` (from transformers); `from_config` cannot load quantized weights.",
+                    related=((site.node, "the config is loaded here"),),
                 )
             elif apis.is_model_class(owner):
                 yield self._removed_argument(
@@ -109,7 +110,10 @@ class LoadInKbitKwarg(Rule):
             ),
             severity=severity,
             fix=fix,
-            related=tuple((_node(a), f"`{k}` is passed here too") for a, k in zip(kbit[1:], keys[1:])),
+            related=(
+                *((_node(a), f"`{k}` is passed here too") for a, k in zip(kbit[1:], keys[1:])),
+                (site.node, "the model is loaded here"),
+            ),
         )
 
     @staticmethod

@@ -90,13 +90,17 @@ class Fp16TrainableParams(Rule):
             origin = id(base.origin().node)
             if origin in seen:
                 continue
+            related = [(fp16.node, "the weights are loaded in float16 here")]
             if peft is not None:
-                reason = self._peft_fp16_reason(facts, peft.node)
-                if reason is None:
+                found_reason = self._peft_fp16_reason(facts, peft.node)
+                if found_reason is None:
                     continue  # LoRA adapters are upcast to float32 by default: fine
+                reason, cause = found_reason
                 what = f"the peft model keeps trainable float16 parameters ({reason})"
+                related += [(cause, "this keeps trainable parameters in float16"), (peft.node, "the peft model is made here")]
             else:
                 what = "all its parameters are trained in float16 (full fine-tune)"
+            related.append((amp_node, "fp16 AMP is turned on here"))
             seen.add(origin)
             yield self.report(
                 site.node,
@@ -105,7 +109,7 @@ class Fp16TrainableParams(Rule):
                 fix_hint="Load the weights in float32 and let fp16 autocast do the rest, use bf16, or upcast the "
                 "trainable parameters: `for p in model.parameters(): if p.requires_grad: p.data = p.data.float()`.",
                 severity=Severity.ERROR,
-                related=((fp16.node, "the weights are loaded in float16 here"), (amp_node, "fp16 AMP is turned on here")),
+                related=tuple(related),
             )
 
     def _pure_fp16_adaptive(self, facts: FileFacts):
@@ -195,22 +199,23 @@ class Fp16TrainableParams(Rule):
         return False
 
     @staticmethod
-    def _peft_fp16_reason(facts: FileFacts, peft_call) -> Optional[str]:
+    def _peft_fp16_reason(facts: FileFacts, peft_call) -> Optional[tuple[str, cst.CSTNode]]:
+        """Why the peft model trains float16 parameters, and the argument that causes it."""
         site = facts.call_site(peft_call) if peft_call is not None else None
         if site is None or site.qualname not in apis.GET_PEFT_MODEL:
             return None
         autocast = call_arg(site.node, keyword="autocast_adapter_dtype")
         if autocast is not None and facts.module.code_for_node(autocast) == "False":
-            return "`autocast_adapter_dtype=False` leaves the adapters in float16"
+            return "`autocast_adapter_dtype=False` leaves the adapters in float16", autocast
         config = facts.built_by(call_arg(site.node, 1, "peft_config"), site.order, site.scope)
         if config is None:
             return None
         modules = call_arg(config, keyword="modules_to_save")
         if modules is not None and facts.module.code_for_node(modules) not in ("None", "[]"):
-            return f"`modules_to_save={snippet(facts, modules)}` trains a float16 copy of those modules"
+            return f"`modules_to_save={snippet(facts, modules)}` trains a float16 copy of those modules", modules
         task = call_arg(config, keyword="task_type")
         if task is not None and "SEQ_CLS" in facts.module.code_for_node(task):
-            return "`task_type=SEQ_CLS` adds the classifier head to `modules_to_save`, a float16 copy"
+            return "`task_type=SEQ_CLS` adds the classifier head to `modules_to_save`, a float16 copy", task
         return None
 
 

@@ -39,6 +39,7 @@ class ZeroGradEveryMicroStep(Rule):
                     f"runs when `{snippet(facts, guard.test)}`: the gradients of the earlier micro-batches are wiped "
                     "before the update, so gradient accumulation silently does nothing (each update sees one micro-batch).",
                     fix_hint="Call zero_grad() right after optimizer.step(), inside the same `if`.",
+                    related=((step.node, "the optimizer steps only under the accumulation guard here"),),
                 )
 
     @staticmethod

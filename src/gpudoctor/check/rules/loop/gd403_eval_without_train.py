@@ -52,6 +52,7 @@ class EvalWithoutTrain(Rule):
             if any(is_train_call(facts, c) for c, _ in reached):
                 continue
             trained = self._trained_keys(facts, [c for c, _ in reached])
+            backward, backward_via = next((c, v) for c, v in reached if is_backward(facts, c))
             for site, via in reached:
                 if not is_eval_call(facts, site):
                     continue
@@ -73,7 +74,10 @@ class EvalWithoutTrain(Rule):
                     "calls `.train()` again: every later training step runs in eval mode (dropout off, batch-norm "
                     "statistics frozen, and gradient checkpointing in transformers models skipped).",
                     fix_hint=f"Call `{key}.train()` at the start of each training epoch/step, or after the evaluation.",
-                    related=((site.node, "the model is switched to eval mode here"),) if via is not None else (),
+                    related=(
+                        *(((site.node, "the model is switched to eval mode here"),) if via is not None else ()),
+                        ((backward_via or backward).node, "training goes on here, in eval mode"),
+                    ),
                 )
 
     @staticmethod

@@ -106,6 +106,9 @@ class AccumulatedLossNotScaled(Rule):
                 if invariant
                 else "the effective learning rate (and any clipping threshold) is off by N"
             )
+            computed = facts.assignment_of(loss, backward.order, backward.scope)  # ``loss = model(**batch).loss``
+            if computed is not None and computed.value is None:
+                computed = None
             if guard_text is None:
                 guard_text = f"only when `{snippet(facts, accumulation_guard(facts, step, loop).test)}`"
             yield self.report(
@@ -114,7 +117,10 @@ class AccumulatedLossNotScaled(Rule):
                 f"{guard_text}, but the loss is not divided by the number of accumulation "
                 f"steps: the update uses the sum of the micro-batch gradients, N times the mean: {effect}.",
                 fix_hint="Divide the loss by the number of accumulation steps before backward(): `(loss / accum_steps).backward()`.",
-                related=((step.node, "the summed gradients are applied here"),),
+                related=(
+                    *(((computed.value, "the loss is computed here, undivided"),) if computed is not None else ()),
+                    (step.node, "the summed gradients are applied here"),
+                ),
             )
 
     @staticmethod

@@ -73,6 +73,7 @@ class ShardedEvalMetrics(Rule):
                 "the metric of its own shard only.",
                 fix_hint="Gather predictions and labels (`accelerator.gather_for_metrics(...)`) or all_reduce the "
                 "counts before computing the metric.",
+                related=((metric.node, "the metric of this process's shard is accumulated here"),),
             )
 
     @staticmethod

@@ -57,6 +57,7 @@ class WrappedStateDictLoadedUnwrapped(Rule):
                 f"`{snippet(facts, load.receiver)}` is not wrapped, so {effect}.",
                 fix_hint=f"Save `{wrapped}.module.state_dict()` (the unwrapped model), or strip the `module.` prefix "
                 "before loading.",
+                related=((save.node, f"the `{wrapper}` wrapper's state dict (`module.` keys) is saved here"),),
             )
 
     def _wrapped_saves(self, facts: FileFacts) -> Iterator[tuple[str, CallSite, str, str]]:

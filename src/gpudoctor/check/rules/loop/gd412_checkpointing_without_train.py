@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import libcst as cst
+
 from gpudoctor.check.facts import FileFacts
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
@@ -39,5 +41,9 @@ class CheckpointingWithoutTrain(Rule):
                 "checkpoint when `self.training` is true, so no activation is recomputed (no memory saved, OOM risk) "
                 "and dropout is off during training.",
                 fix_hint="Call `model.train()` before the training loop.",
-                related=((backward.node, "training runs here with the model still in eval mode"),),
+                related=(
+                    *(((value.origin().node, "the model is loaded here, in eval mode"),)
+                      if isinstance(value.origin().node, cst.Call) else ()),
+                    (backward.node, "training runs here with the model still in eval mode"),
+                ),
             )

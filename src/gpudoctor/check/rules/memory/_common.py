@@ -150,7 +150,8 @@ def scope_span(facts: FileFacts, scope: Scope) -> tuple[int, int]:
 def is_loss_call(facts: FileFacts, call: cst.Call) -> bool:
     q = facts.qualname(call.func)
     if q and LOSS_FUNCTIONS.match(q):
-        return True
+        # ``F.cross_entropy(...)`` computes a loss; ``nn.CrossEntropyLoss(weight=w)`` only builds the module
+        return not q.endswith("Loss")
     key = name_key(call.func)
     if key is None:
         return False
@@ -163,6 +164,11 @@ def is_loss_call(facts: FileFacts, call: cst.Call) -> bool:
             inner = facts.qualname(binding.value.func)
             return bool(inner and LOSS_FUNCTIONS.match(inner))
     return False
+
+
+# ``torch.<f>(x, ...)`` functions whose result carries ``x``'s autograd history.
+_GRAPH_KEEPING_FUNCTIONS = {"mean", "sum", "exp", "log", "logsumexp", "abs", "neg", "sqrt", "pow", "squeeze",
+                            "flatten", "clamp", "norm", "square", "sigmoid", "tanh"}
 
 
 def graph_tensor(facts: FileFacts, node: Optional[cst.BaseExpression], order: int, scope: Scope, depth: int = 0) -> Optional[str]:
@@ -179,6 +185,9 @@ def graph_tensor(facts: FileFacts, node: Optional[cst.BaseExpression], order: in
             return None
         if isinstance(func, cst.Name) and func.value in ("float", "int", "len", "sum", "list", "round"):
             return None
+        q = facts.qualname(func) or ""
+        if q.startswith("torch.") and q.split(".")[-1] in _GRAPH_KEEPING_FUNCTIONS and node.args:
+            return graph_tensor(facts, node.args[0].value, order, scope, depth + 1)  # ``torch.mean(log_likelihood)``
         if isinstance(func, cst.Attribute) and func.attr.value in ("cpu", "to", "mean", "sum", "float", "cuda", "squeeze", "view"):
             return graph_tensor(facts, func.value, order, scope, depth + 1)
         if is_loss_call(facts, node):
@@ -206,6 +215,15 @@ def graph_tensor(facts: FileFacts, node: Optional[cst.BaseExpression], order: in
         return base
     binding = facts.assignment_of(node, order, scope)
     if binding is None:
+        key = name_key(node)
+        updated = facts.binding_at(key, order, scope) if key is not None else None
+        if updated is not None and updated.kind == "augassign":
+            # ``loss += reg``: the earlier value plus the added term
+            update = next((a for a in facts.aug_assigns if a.node.target is updated.target), None)
+            before = facts.binding_at(key, updated.order - 1, updated.scope)
+            earlier = graph_tensor(facts, node, updated.order - 1, updated.scope, depth + 1) if before is not updated else None
+            added = graph_tensor(facts, update.node.value, update.order, update.scope, depth + 1) if update else None
+            return earlier or added
         return None
     return graph_tensor(facts, binding.value, binding.order, binding.scope, depth + 1)
 
@@ -233,3 +251,9 @@ def called_without_grad(facts: FileFacts, context: tuple) -> bool:
             if grad_disabled(facts, site.context):
                 return True
     return False
+
+
+def computed_at(facts: FileFacts, expr: cst.BaseExpression, site, what: str) -> tuple:
+    """Related location: the assignment that computes the tensor a name holds (none for an expression written in place)."""
+    held = facts.assignment_of(expr, site.order, site.scope) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+    return ((held.value, what),) if held is not None and held.value is not None else ()

@@ -80,6 +80,7 @@ class EvalWithoutNoGrad(Rule):
                 fix_hint="Wrap the loop in `with torch.no_grad():` (or decorate the function with `@torch.no_grad()`; "
                 "`torch.inference_mode()` is faster still).",
                 fix=self._fix(facts, outer),
+                related=((outer.iter if outer.iter is not None else outer.node, "the loop to run under `torch.no_grad()`"),),
             )
 
     def _why_eval(self, facts: FileFacts, site: CallSite, model: cst.BaseExpression, scope: Scope, loop: LoopFrame) -> Optional[str]:

@@ -8,7 +8,7 @@ from gpudoctor.check.facts import AugAssignSite, FileFacts, LoopFrame, name_key
 from gpudoctor.check.finding import Applicability, Edit, Fix, Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
-from gpudoctor.check.rules.memory._common import called_without_grad, graph_tensor, grad_disabled, loops_in_function
+from gpudoctor.check.rules.memory._common import called_without_grad, computed_at, graph_tensor, grad_disabled, loops_in_function
 
 
 class LossTensorRunningTotal(Rule):
@@ -42,6 +42,9 @@ class LossTensorRunningTotal(Rule):
             return None
         loop = loops[-1]
         kind = graph_tensor(facts, value, site.order, site.scope)
+        loss_expr = _loss_name(value) or value
+        if kind in ("output", "logits") and name_key(loss_expr) is not None and self._backward_on(facts, loss_expr, loop):
+            kind = "loss"  # ``loss = -torch.mean(self(x))`` ... ``loss.backward()``: what backward runs on is a loss
         if kind != "loss" or _computed_without_grad(facts, value, site.order, site.scope):
             return None
         total = site.target_key
@@ -49,7 +52,6 @@ class LossTensorRunningTotal(Rule):
             return None
         if self._total_is_differentiated(facts, total, site):
             return None  # the sum is the loss to optimize (accumulated micro-batches, multi-task)
-        loss_expr = _loss_name(value) or value
         backward = self._backward_on(facts, loss_expr, loop)
         if backward:
             severity = Severity.INFO
@@ -76,6 +78,7 @@ class LossTensorRunningTotal(Rule):
             fix_hint=f"Accumulate a Python number: `{total} += {snippet(facts, loss_expr)}.item()` (or `.detach()`).",
             severity=severity,
             fix=fix,
+            related=computed_at(facts, loss_expr, site, "the loss tensor, with its graph, is computed here"),
         )
 
     def _plain_totals(self, facts: FileFacts):

@@ -8,7 +8,7 @@ from gpudoctor.check.facts import FileFacts, name_key
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
-from gpudoctor.check.rules.memory._common import called_without_grad, graph_tensor, grad_disabled, loops_in_function, trains_between
+from gpudoctor.check.rules.memory._common import called_without_grad, computed_at, graph_tensor, grad_disabled, loops_in_function, trains_between
 
 _TO_CPU = re.compile(r"\.cpu\(\)|\.to\(\s*['\"]cpu['\"]")
 
@@ -31,6 +31,8 @@ class OutputsAppendedWithGraph(Rule):
                 continue
             if called_without_grad(facts, site.context):
                 continue
+            if site.scope.name == "forward" and site.scope.class_name and facts.is_module_class(site.scope.class_name):
+                continue  # an nn.Module's forward collecting per-step outputs: the caller's backward needs the graph
             loops = loops_in_function(site.context)
             key = name_key(site.receiver)
             if not loops or key is None:
@@ -67,6 +69,7 @@ class OutputsAppendedWithGraph(Rule):
                 f"{effect}.",
                 fix_hint=f"Append `{snippet(facts, value, 40)}.detach().cpu()` (or `.item()`/`.tolist()` for "
                 "numbers), and run evaluation under `torch.no_grad()`.",
+                related=computed_at(facts, value, site, "the output, with its graph, is computed here"),
             )
 
 

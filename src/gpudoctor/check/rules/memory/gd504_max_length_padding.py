@@ -45,6 +45,7 @@ class MaxLengthPadding(Rule):
                 "32k vocabulary) whatever its length.",
                 fix_hint="Pad per batch instead: tokenize with `truncation=True, max_length=...` and no padding, and use "
                 "`DataCollatorWithPadding`/`DataCollatorForSeq2Seq` (or `padding=\"longest\"` in your collate function).",
+                related=((call, f"the tokenizer call that pads to {length} tokens"),),
             )
 
     @classmethod

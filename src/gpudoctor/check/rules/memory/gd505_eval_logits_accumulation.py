@@ -69,6 +69,7 @@ class EvalLogitsAccumulation(Rule):
                     "Reduce the logits per batch: `preprocess_logits_for_metrics=lambda logits, labels: "
                     "logits.argmax(-1)` (then compute_metrics gets token ids), or `batch_eval_metrics=True`."
                 ),
+                related=((metrics, "this metric function is handed the full logits of every eval batch"),),
             )
 
     @staticmethod

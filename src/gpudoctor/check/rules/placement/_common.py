@@ -18,6 +18,25 @@ CREATION = {
 }
 _WRAPPING = {"torch.tril", "torch.triu", "torch.outer", "torch.exp", "torch.log", "torch.cos", "torch.sin",
              "torch.cumsum", "torch.diag", "torch.flip", "torch.polar", "torch.stack", "torch.cat"}
+# Loss modules whose class weight is kept as a buffer (moved only by criterion.to()).
+LOSS_MODULES_WITH_WEIGHT = {
+    "torch.nn.CrossEntropyLoss": ("weight", 0),
+    "torch.nn.NLLLoss": ("weight", 0),
+    "torch.nn.BCELoss": ("weight", 0),
+    "torch.nn.BCEWithLogitsLoss": ("weight", 0),
+    "torch.nn.MultiLabelSoftMarginLoss": ("weight", 0),
+    "torch.nn.MultiMarginLoss": ("weight", 2),
+}
+LOSS_MODULE_EXTRA_WEIGHT = {"torch.nn.BCEWithLogitsLoss": "pos_weight"}
+LOSS_FUNCTIONS_WITH_WEIGHT = {
+    "torch.nn.functional.cross_entropy",
+    "torch.nn.functional.nll_loss",
+    "torch.nn.functional.binary_cross_entropy",
+    "torch.nn.functional.binary_cross_entropy_with_logits",
+    "torch.nn.functional.multilabel_soft_margin_loss",
+}
+# Keywords of those calls that take a class weight (GD604 reports a CPU tensor there).
+LOSS_WEIGHT_KEYWORDS = ("weight", "pos_weight")
 # Methods that give a tensor on the same device as the receiver (the CPU-ness propagates).
 SAME_DEVICE_METHODS = {
     "unsqueeze", "squeeze", "view", "reshape", "expand", "expand_as", "repeat", "float", "long", "int", "bool",
@@ -83,7 +102,8 @@ def cpu_tensor(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope:
     if isinstance(node, cst.UnaryOperation):
         return cpu_tensor(facts, node.expression, order, scope, depth + 1)
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in SAME_DEVICE_METHODS:
-        if all(_literal_number(a.value) for a in node.args):
+        # sizes and dims (``.repeat(self.k, n, 1)``) are no tensors; other arguments must be plain numbers
+        if node.func.attr.value in SHAPE_METHODS or all(_literal_number(a.value) for a in node.args):
             return cpu_tensor(facts, node.func.value, order, scope, depth + 1)
         return None
     binding = facts.assignment_of(node, order, scope)
@@ -126,8 +146,8 @@ def is_scalar_tensor(facts: FileFacts, call: cst.Call) -> bool:
     """``torch.tensor(2.0)``: a 0-dim CPU tensor mixes with CUDA tensors without error."""
     q = facts.qualname(call.func)
     if q in ("torch.tensor", "torch.as_tensor"):
-        first = call_arg(call, 0, "data")
-        return not isinstance(first, (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp))
+        order, scope = facts._position_of(call)
+        return not _sequence_data(facts, call_arg(call, 0, "data"), order, scope)
     if q == "torch.from_numpy":  # numpy scalars/arrays: unknown rank, silent unless the array has a shape
         order, scope = facts._position_of(call)
         return not _numpy_array(facts, call_arg(call, 0), order, scope)
@@ -138,6 +158,22 @@ def is_scalar_tensor(facts: FileFacts, call: cst.Call) -> bool:
         if first is None and call_arg(call, keyword="size") is None:
             return True
     return False
+
+
+_SEQUENCES = (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp)
+
+
+def _sequence_data(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0) -> bool:
+    """``[1.0, 2.0]``, ``(n,)``, or a name / ``self.x`` whose every source is such a display (through assignments and
+    the arguments the file's calls pass: ``self.size = size`` where ``Layer(..., (k,))``): ``torch.tensor`` of it has
+    a dimension."""
+    if isinstance(node, _SEQUENCES):
+        return True
+    if node is None or depth > 6 or name_key(node) is None:
+        return False
+    return bool(facts.through_name(
+        lambda *source: _sequence_data(facts, *source, depth + 1), node, order, scope, attributes=True
+    ))
 
 
 def file_sets_default_device(facts: FileFacts) -> bool:
@@ -259,6 +295,10 @@ def mixing_use(facts: FileFacts, node: cst.CSTNode, root: cst.CSTNode, depth: in
         if creation_qualname(facts, other):
             return None
         return parent
+    if isinstance(parent, cst.AugAssign) and parent.value is child:
+        if _bound_to_creation(facts, name_key(parent.target), root):
+            return None  # ``counts = torch.zeros(3)`` ... ``counts += torch.ones(3)``: both on the CPU
+        return parent  # ``x += m``: an in-place op of ``x`` with ``m``
     if isinstance(parent, cst.Subscript) and parent.value is child:
         return mixing_use(facts, parent, root, depth + 1)  # a slice or index stays on the tensor's device
     if isinstance(parent, cst.UnaryOperation) and not isinstance(parent.operator, cst.Not):
@@ -306,13 +346,44 @@ def _first_mixing_load(facts: FileFacts, key: str, assign: cst.Assign, root: cst
     for load in later:
         if _placed_here(facts, load, root):
             return None  # m = m.to(x.device) / m.to(x) somewhere: treat the name as handled
-    for load in later:
+    updates = [a for a in _in_place_updates(facts, key, root) if _first_position(facts, a.value) > start]
+    for load in sorted(later + updates, key=lambda n: _first_position(facts, n.value if isinstance(n, cst.AugAssign) else n)):
+        if isinstance(load, cst.AugAssign):
+            value = load.value
+            if not (_literal_number(value) or _plain_number_attribute(facts, value) or creation_qualname(facts, value)):
+                return load  # ``logits = torch.zeros(b, n)`` ... ``logits += self.fc(h)``: meets the head's output
+            continue
         found = mixing_use(facts, load, root, depth + 1)
         if found is not None:
             return found
         if _rebinds(facts, load, key, assign, root):
             return None  # ``m = m.repeat(b, 1).to(x.device)``: later loads see the new value
     return None
+
+
+def _in_place_updates(facts: FileFacts, key: str, root: cst.CSTNode) -> list[cst.AugAssign]:
+    """The ``key += ...`` / ``key *= ...`` statements inside ``root`` (the target is a store, not a load)."""
+    found, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.AugAssign) and name_key(node.target) == key:
+            found.append(node)
+        stack.extend(node.children)
+    return found
+
+
+def _bound_to_creation(facts: FileFacts, key: Optional[str], root: cst.CSTNode) -> bool:
+    """``key`` is assigned a tensor created on the CPU somewhere inside ``root``."""
+    if key is None:
+        return False
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if (isinstance(node, cst.Assign) and len(node.targets) == 1 and name_key(node.targets[0].target) == key
+                and creation_qualname(facts, node.value)):
+            return True
+        stack.extend(node.children)
+    return False
 
 
 def _rebinds(facts: FileFacts, load: cst.CSTNode, key: str, assign: cst.Assign, root: cst.CSTNode) -> bool:
@@ -551,6 +622,77 @@ def _python_number(node: cst.CSTNode) -> bool:
             and node.func.value in ("float", "int", "len", "round", "bool"))
 
 
+def cpu_tensor_mapping(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope, depth: int = 0) -> Optional[cst.CSTNode]:
+    """The store that fills it when ``node`` is a mapping whose every value the file turns into a CPU tensor and
+    never places: ``for k, v in inputs.items(): inputs[k] = torch.tensor(v)`` (the ``prepare_input`` helper of
+    many Kaggle NLP notebooks), through names and the file's own helpers. None when any store into it may be on
+    another device, or when it is moved."""
+    if node is None or depth > 6:
+        return None
+    if isinstance(node, cst.Call):
+        if not _own_function_call(facts, node):
+            return None
+        site = facts.call_site(node)
+        return facts.every_return(site, lambda value, at, within, _callee: cpu_tensor_mapping(facts, value, at, within, depth + 1))
+    key = name_key(node)
+    if key is None or "." in key:
+        return None
+    binding = facts.binding_at(key, order, scope)
+    if binding is None or binding.kind != "assign" or binding.scope is not scope or _placed_after(facts, binding, order):
+        return None
+    stores = False
+    filled = None
+    for loop in _nodes_of(scope.node, cst.For):
+        if not binding.order < facts._position_of(loop.iter)[0] < order:
+            continue
+        item_key = _items_loop_key(loop, key)
+        for statement in _nodes_of(loop.body, cst.Assign):
+            if len(statement.targets) != 1 or not _stores_into(statement.targets[0].target, key):
+                continue
+            at, within = facts._position_of(statement.value)
+            if within is not scope or cpu_computed(facts, statement.value, at, within) is None:
+                return None  # ``inputs[k] = v.to(device)``: not (only) CPU tensors
+            stores = True
+            if item_key is not None and _stores_into(statement.targets[0].target, key, item_key):
+                filled = statement.value
+    if filled is not None or stores:
+        return filled
+    # ``inputs = prepare_input(cfg, text)`` with nothing stored into it here: what the helper returns
+    return cpu_tensor_mapping(facts, binding.value, binding.order, binding.scope, depth + 1)
+
+
+def _nodes_of(root: cst.CSTNode, kind: type) -> list:
+    found, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, kind):
+            found.append(node)
+        stack.extend(node.children)
+    return found
+
+
+def _items_loop_key(loop: cst.For, key: str) -> Optional[str]:
+    """``k`` for ``for k, v in key.items():`` (every entry of ``key`` is visited), else None."""
+    it = loop.iter
+    if not (isinstance(it, cst.Call) and isinstance(it.func, cst.Attribute) and it.func.attr.value == "items"
+            and name_key(it.func.value) == key and not it.args):
+        return None
+    target = loop.target
+    if isinstance(target, cst.Tuple) and len(target.elements) == 2 and isinstance(target.elements[0].value, cst.Name):
+        return target.elements[0].value.value
+    return None
+
+
+def _stores_into(target: cst.BaseExpression, key: str, index: Optional[str] = None) -> bool:
+    """``target`` is ``key[...]`` (``key[index]`` when ``index`` is given)."""
+    if not (isinstance(target, cst.Subscript) and name_key(target.value) == key and len(target.slice) == 1):
+        return False
+    if index is None:
+        return True
+    element = target.slice[0].slice
+    return isinstance(element, cst.Index) and isinstance(element.value, cst.Name) and element.value.value == index
+
+
 def _placed_after(facts: FileFacts, binding, order: int) -> bool:
     """The name assigned by ``binding`` is moved (``key.to(...)`` / ``key.cuda()``) between the binding and
     ``order``."""
@@ -725,7 +867,11 @@ def accelerator_device(facts: FileFacts, node: Optional[cst.CSTNode], order: int
     if isinstance(node, cst.Call) and facts.qualname(node.func) == "torch.device":
         return accelerator_device(facts, call_arg(node, 0, "type"), order, scope, depth + 1)
     if isinstance(node, cst.Attribute) and node.attr.value == "device":
-        return on_accelerator(facts, node.value, order, scope, depth + 1) is not None
+        if on_accelerator(facts, node.value, order, scope, depth + 1) is not None:
+            return True
+        if not (name_key(node) or "").startswith("self."):
+            return False  # ``x.device`` of a tensor not shown on an accelerator
+        # ``self.device``: an attribute of the file's object, bound like any name (``self.device = torch.device(...)``)
     # a name bound to one, a device handed in as a parameter (every call of the file passes one), a helper's return
     sources = device_sources(facts, node, order, scope)
     return bool(sources) and all(accelerator_device(facts, *source, depth + 1) for source in sources)
@@ -740,6 +886,20 @@ def device_sources(facts: FileFacts, node: Optional[cst.CSTNode], order: int, sc
         return [(r.value, r.order, r.scope) for callee in facts.callee_scopes(site)
                 for r in facts.returns.get(id(callee), ()) if r.value is not None]
     return facts.follow_name(node, order, scope, attributes=True) or []
+
+
+# Wrappers whose forward moves (scatters) the inputs onto the devices of the wrapped module.
+INPUT_MOVING_WRAPPERS = frozenset({"DataParallel", "DistributedDataParallel"})
+
+
+def wrapper_moves_inputs(model) -> bool:
+    """A wrapper (possibly under other values) that moves its inputs: DataParallel, DistributedDataParallel."""
+    while model is not None:
+        wrapper = str((model.traits or {}).get("wrapper") or "")
+        if wrapper.split(".")[-1] in INPUT_MOVING_WRAPPERS:
+            return True
+        model = model.base
+    return False
 
 
 # ------------------------------------------------------------------------------------ modules without tensors
@@ -773,26 +933,114 @@ TENSOR_ARGUMENTS = {
 
 
 def holds_no_tensors(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: Scope) -> bool:
-    """The module expression is a ``torch.nn`` module built without parameters or buffers
-    (``nn.CrossEntropyLoss()``, ``nn.ReLU()``, a name bound to one): nothing of it is on any device."""
+    """The module expression is built without parameters or buffers: a parameterless ``torch.nn`` module
+    (``nn.CrossEntropyLoss()``, ``nn.ReLU()``), or an instance of the file's own ``nn.Module`` class that stores
+    only such modules and plain values (``CombineLoss()`` holding ``FocalLoss()`` and ``nn.BCEWithLogitsLoss()``),
+    directly or through a name bound to one: nothing of it is on any device."""
     built = facts.built_by(node, order, scope)
-    if not isinstance(built, cst.Call):
-        return False
+    return isinstance(built, cst.Call) and _built_without_tensors(facts, built)
+
+
+def _built_without_tensors(facts: FileFacts, built: cst.Call, depth: int = 0) -> bool:
     parts = (facts.qualname(built.func) or "").split(".")
-    if parts[:2] != ["torch", "nn"] or parts[-1] not in PARAMETERLESS_MODULES:
+    if parts[:2] == ["torch", "nn"] and parts[-1] in PARAMETERLESS_MODULES:
+        return not given_tensor_argument(built, parts[-1])
+    class_name = name_key(built.func)
+    return class_name is not None and _class_holds_no_tensors(facts, class_name, depth)
+
+
+_PLAIN_NN_BASES = frozenset({"torch.nn.Module", "torch.nn.modules.Module", "torch.nn.modules.module.Module"})
+_TENSOR_HOLDERS = frozenset({"Parameter", "register_buffer", "register_parameter", "ParameterList", "ParameterDict"})
+
+
+def _class_holds_no_tensors(facts: FileFacts, class_name: str, depth: int = 0) -> bool:
+    """The file's ``nn.Module`` class (bases ``nn.Module`` or such classes of the file) whose methods store on
+    ``self`` only literals, parameters with a literal default, and modules built without tensors; no
+    ``nn.Parameter``/``register_buffer`` anywhere in it."""
+    scope = facts.classes.get(class_name)
+    if depth > 3 or scope is None or not isinstance(scope.node, cst.ClassDef) or not facts.is_module_class(class_name):
         return False
-    tensor_keywords = TENSOR_ARGUMENTS.get(parts[-1])
+    for base in scope.node.bases:
+        local = name_key(base.value)
+        if facts.qualname(base.value) not in _PLAIN_NN_BASES and not (
+            local in facts.classes and local != class_name and _class_holds_no_tensors(facts, local, depth + 1)
+        ):
+            return False
+    stores = _SelfStores()
+    scope.node.visit(stores)
+    if stores.holds_tensor_api:
+        return False
+    for value, function in stores.values:
+        if _literal_number(value) or string_value(value) is not None or _constant_name(value):
+            continue
+        if isinstance(value, cst.Name) and _literal_default(function, value.value):
+            continue
+        if isinstance(value, cst.Call) and _built_without_tensors(facts, value, depth + 1):
+            continue
+        return False
+    return True
+
+
+class _SelfStores(cst.CSTVisitor):
+    """Every ``self.x = value`` in a class body (with its method), and whether it names a tensor-holding API."""
+
+    def __init__(self) -> None:
+        self.values: list[tuple[cst.BaseExpression, Optional[cst.FunctionDef]]] = []
+        self.holds_tensor_api = False
+        self._functions: list[cst.FunctionDef] = []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._functions.append(node)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._functions.pop()
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            if isinstance(target.target, cst.Attribute) and name_key(target.target.value) == "self":
+                self.values.append((node.value, self._functions[-1] if self._functions else None))
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if isinstance(node.target, cst.Attribute) and name_key(node.target.value) == "self" and node.value is not None:
+            self.values.append((node.value, self._functions[-1] if self._functions else None))
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value in _TENSOR_HOLDERS:
+            self.holds_tensor_api = True
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if node.attr.value in _TENSOR_HOLDERS:
+            self.holds_tensor_api = True
+
+
+def _literal_default(function: Optional[cst.FunctionDef], name: str) -> bool:
+    """``def __init__(self, gamma=2)``: the parameter ``name`` of ``function`` has a literal default."""
+    if function is None:
+        return False
+    for param in (*function.params.params, *function.params.kwonly_params):
+        if param.name.value == name:
+            default = param.default
+            return default is not None and (
+                _literal_number(default) or string_value(default) is not None or _constant_name(default)
+            )
+    return False
+
+
+def given_tensor_argument(call: cst.Call, class_name: str) -> bool:
+    """``nn.CrossEntropyLoss(weight=w)`` / ``nn.BCEWithLogitsLoss(pos_weight=p)``: a parameterless ``torch.nn``
+    class (``class_name``) built with a tensor it registers as a buffer, so the module does hold a tensor."""
+    tensor_keywords = TENSOR_ARGUMENTS.get(class_name)
     if not tensor_keywords:
-        return True
-    for arg in built.args:
+        return False
+    for arg in call.args:
         if arg.star:
-            return False  # ``**loss_kwargs``: may carry a weight
+            return True  # ``**loss_kwargs``: may carry a weight
         if arg.keyword is None:
             if not (_literal_number(arg.value) or string_value(arg.value) is not None or _constant_name(arg.value)):
-                return False  # ``nn.CrossEntropyLoss(class_weights)``: the first positional is the weight
+                return True  # ``nn.CrossEntropyLoss(class_weights)``: the first positional is the weight
         elif arg.keyword.value in tensor_keywords and not _constant_name(arg.value):
-            return False
-    return True
+            return True
+    return False
 
 
 def _constant_name(node: cst.CSTNode) -> bool:

@@ -72,7 +72,9 @@ class TensorCreatedInForward(Rule):
             if key is None or not key.startswith("self.") or key.count(".") != 1:
                 continue
             for helper in facts.callee_scopes(call):
-                if helper is forward or helper.class_name != class_name:
+                # the class's own methods, inherited ones, and a subclass's override (a base ``forward`` calling
+                # ``self._forward(...)``): what ``self.name(...)`` runs
+                if helper is forward or helper.class_name is None:
                     continue
                 for site in facts.calls:
                     if site.scope is not helper or id(site.node) in reported:
@@ -80,10 +82,10 @@ class TensorCreatedInForward(Rule):
                     if creation_qualname(facts, site.node) is None or is_scalar_tensor(facts, site.node):
                         continue
                     use = mixing_use(facts, site.node, helper.node)
-                    where = f"`{class_name}.{helper.name}` (called from `forward`)"
+                    where = f"`{helper.class_name}.{helper.name}` (called from `{class_name}.forward`)"
                     if use is None and self._returned(facts, site, helper):
                         use = mixing_use(facts, call.node, forward.node)
-                        where = f"`{class_name}.{helper.name}` (returned to `forward`)"
+                        where = f"`{helper.class_name}.{helper.name}` (returned to `{class_name}.forward`)"
                     if use is not None:
                         reported.add(id(site.node))
                         yield self._report(facts, site, where, use)

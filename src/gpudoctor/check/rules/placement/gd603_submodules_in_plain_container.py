@@ -10,6 +10,7 @@ from gpudoctor.check.finding import Severity
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.placement._common import (
     PARAMETERLESS_MODULES,
+    given_tensor_argument,
     is_module_constructor,
     method_scopes,
     module_classes,
@@ -61,12 +62,17 @@ class SubmodulesInPlainContainer(Rule):
                 if kind is None or any(self._registered_elsewhere(facts, k, methods) for k in keys):
                     continue
                 wrapper = "nn.ModuleDict" if kind == "dict" else "nn.ModuleList"
+                if _buffers_only(example):
+                    # ``nn.CrossEntropyLoss(weight=w)``: a buffer, no parameter; nothing is left untrained
+                    lost = "their tensors are not moved or saved with the model"
+                else:
+                    lost = ("`model.parameters()` omits them so the optimizer never trains them, and `state_dict()` does "
+                            "not save them")
                 yield self.report(
                     binding.target,
                     f"`{key}` holds modules ({example}) in a plain Python {kind}, so `{class_name}` does not register "
                     f"them: `model.to(device)`/`.cuda()` leave them on the CPU (\"Expected all tensors to be on the same "
-                    "device\" once the rest is on the accelerator), `model.parameters()` omits them so the optimizer "
-                    "never trains them, and `state_dict()` does not save them.",
+                    f"device\" once the rest is on the accelerator); {lost}.",
                     fix_hint=f"Wrap it: `{key} = {wrapper}(...)`.",
                 )
 
@@ -159,5 +165,13 @@ def _weighted_module(facts: FileFacts, node) -> Optional[str]:
     no parameter and no buffer (``nn.ReLU()``, ``nn.Dropout()``): unregistered, they lose nothing and run anywhere."""
     name = is_module_constructor(facts, node)
     if name is not None and name.startswith("nn.") and name[3:] in PARAMETERLESS_MODULES:
-        return None
+        # a weighted loss (``nn.CrossEntropyLoss(weight=w)``) holds its weight as a buffer: unregistered, it stays behind
+        return name if given_tensor_argument(node, name[3:]) else None
     return name
+
+
+def _buffers_only(example: str) -> bool:
+    """The example module (``\`nn.CrossEntropyLoss(...)\` appended``) is a parameterless ``torch.nn`` class that
+    only holds a buffer it was given."""
+    name = example.strip("`").split("(")[0]
+    return name.startswith("nn.") and name[3:] in PARAMETERLESS_MODULES

@@ -9,6 +9,9 @@ from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.placement._common import (
+    LOSS_FUNCTIONS_WITH_WEIGHT as _LOSS_FUNCTIONS,
+    LOSS_MODULES_WITH_WEIGHT as _LOSS_MODULES,
+    LOSS_MODULE_EXTRA_WEIGHT as _LOSS_EXTRA,
     PLACING_METHODS,
     cpu_computed,
     creation_qualname,
@@ -16,25 +19,8 @@ from gpudoctor.check.rules.placement._common import (
     module_classes,
     moves_to_accelerator,
     only_called_in_callee,
+    parents,
 )
-
-# Loss modules whose class weight is kept as a buffer (moved only by criterion.to()).
-_LOSS_MODULES = {
-    "torch.nn.CrossEntropyLoss": ("weight", 0),
-    "torch.nn.NLLLoss": ("weight", 0),
-    "torch.nn.BCELoss": ("weight", 0),
-    "torch.nn.BCEWithLogitsLoss": ("weight", 0),
-    "torch.nn.MultiLabelSoftMarginLoss": ("weight", 0),
-    "torch.nn.MultiMarginLoss": ("weight", 2),
-}
-_LOSS_EXTRA = {"torch.nn.BCEWithLogitsLoss": "pos_weight"}
-_LOSS_FUNCTIONS = {
-    "torch.nn.functional.cross_entropy",
-    "torch.nn.functional.nll_loss",
-    "torch.nn.functional.binary_cross_entropy",
-    "torch.nn.functional.binary_cross_entropy_with_logits",
-    "torch.nn.functional.multilabel_soft_margin_loss",
-}
 
 
 class LossWeightOnCpu(Rule):
@@ -84,6 +70,7 @@ class LossWeightOnCpu(Rule):
                     why, severity = "once the model and the batch are on an accelerator", Severity.WARNING
                 made = "" if cpu is weight else f" by `{snippet(facts, cpu, 40)}`"
                 related = [] if cpu is weight else [(cpu, "the weight is made here, on the CPU")]
+                related.append((site.node, "the loss receives it here"))
                 first_call = next(iter(facts.calls_of_value(site.node)), None) if q in _LOSS_MODULES else None
                 if first_call is not None:
                     related.append((first_call.node, "the loss meets the accelerator logits here"))
@@ -111,6 +98,8 @@ class LossWeightOnCpu(Rule):
         return out
 
     def _criterion_placed(self, facts: FileFacts, site, modules, placed_receivers) -> bool:
+        if site.scope.class_name in modules and _registered_container(facts, site):
+            return True  # ``self.losses.append(nn.CrossEntropyLoss(weight=w))`` into an nn.ModuleList: a submodule
         for binding in facts._bindings_of_value(site.node):
             if binding.key.startswith("self.") and binding.scope.class_name in modules:
                 return True  # a submodule: model.to() moves its buffers
@@ -151,6 +140,68 @@ class LossWeightOnCpu(Rule):
             if call.method in PLACING_METHODS and name_key(call.receiver) == key and call.order > binding.order:
                 return None
         return binding.value
+
+
+_REGISTERING_CONTAINERS = {"torch.nn.ModuleList", "torch.nn.ModuleDict", "torch.nn.Sequential"}
+
+
+def _registered_container(facts: FileFacts, site) -> bool:
+    """The loss module built at ``site`` (in an nn.Module's method) goes straight into a container that registers
+    it: ``nn.ModuleList([nn.CrossEntropyLoss(weight=w), ...])``, ``self.losses.append(...)``/``.extend``/
+    ``.insert`` or ``self.losses[k] = ...`` where the class binds ``self.losses`` to an nn.ModuleList/ModuleDict."""
+    up = parents(facts, site.scope.node)
+    if _goes_into_registering_container(facts, site, site.node, up):
+        return True
+    # through a local temporary: ``loss = nn.CrossEntropyLoss(weight=w)`` then ``self.losses.append(loss)``
+    for binding in facts._bindings_of_value(site.node):
+        if binding.kind != "assign" or binding.scope is not site.scope or "." in binding.key:
+            continue
+        for _order, load, scope in facts.name_loads.get(binding.key, ()):
+            if scope is site.scope and facts.binding_at(binding.key, *facts._position_of(load)) is binding \
+                    and _goes_into_registering_container(facts, site, load, up):
+                return True
+    return False
+
+
+def _goes_into_registering_container(facts: FileFacts, site, node, up) -> bool:
+    """The expression ``node`` is handed straight to a registering container (see ``_registered_container``)."""
+    for _ in range(6):
+        parent = up.get(id(node))
+        if parent is None:
+            return False
+        if isinstance(parent, cst.Call) and parent.func is not node:
+            if facts.qualname(parent.func) in _REGISTERING_CONTAINERS:
+                return True
+            func = parent.func
+            if isinstance(func, cst.Attribute) and func.attr.value in ("append", "extend", "insert"):
+                return _registering_attribute(facts, func.value, parent, site)
+            return False
+        if isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target, cst.Subscript):
+            return _registering_attribute(facts, parent.targets[0].target.value, parent, site)
+        if isinstance(parent, (cst.SimpleStatementLine, cst.IndentedBlock, cst.FunctionDef)):
+            return False
+        node = parent
+    return False
+
+
+def _registering_attribute(facts: FileFacts, container: cst.CSTNode, at: cst.CSTNode, site) -> bool:
+    """``container`` is a ``self.x`` that the class binds (every time) to an nn.ModuleList/ModuleDict/Sequential,
+    directly or through temporaries, or a local name for one (``losses = self.losses``)."""
+    key = name_key(container)
+    if key is None:
+        return False
+    if key.startswith("self."):
+        bindings = facts.class_attrs.get(site.scope.class_name or "", {}).get(key, [])
+        return bool(bindings) and all(
+            b.kind == "assign" and _registering_built(facts, b.value, b.order, b.scope) for b in bindings
+        )
+    order, scope = facts._position_of(container)
+    return _registering_built(facts, container, order, scope)
+
+
+def _registering_built(facts: FileFacts, node, order: int, scope) -> bool:
+    built = facts.built_by(node, order, scope)
+    return isinstance(built, cst.Call) and facts.qualname(built.func) in _REGISTERING_CONTAINERS
 
 
 def _vector(facts: FileFacts, call: cst.Call) -> bool:

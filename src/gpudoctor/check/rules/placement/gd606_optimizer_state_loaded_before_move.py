@@ -7,7 +7,7 @@ import libcst as cst
 from gpudoctor.check import apis
 from gpudoctor.check.facts import CallSite, FileFacts, call_arg, name_key
 from gpudoctor.check.finding import Severity
-from gpudoctor.check.queries import _parameters_owner, snippet
+from gpudoctor.check.queries import parameters_owner, snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.placement._common import moves_to_accelerator
 
@@ -40,15 +40,16 @@ class OptimizerStateLoadedBeforeMove(Rule):
                 continue
             params = built.args[0].value
             site = facts.call_site(built)
-            params_binding = facts.assignment_of(params, site.order, site.scope) if site is not None else None
-            owner = _parameters_owner(params_binding.value if params_binding is not None else params)
+            if site is None:
+                continue
+            owner = parameters_owner(facts, params, site.order, site.scope)  # names, param groups, helpers
             model_key = name_key(owner)
             if model_key is None:
                 continue
             origin = facts.value(owner, site.order, site.scope).origin().node if site is not None else None
             move = self._later_move(facts, model_key, load, origin)
-            if move is None:
-                continue
+            if move is None or _moved_before(facts, model_key, load):
+                continue  # no move after the load, or the parameters were already placed when it ran
             if self._state_recast(facts, opt_key, load, move):
                 continue
             severity = Severity.ERROR if evidence else Severity.WARNING
@@ -135,6 +136,29 @@ def _wrapped_module(facts: FileFacts, node) -> Optional[cst.BaseExpression]:
     if isinstance(node, cst.Call) and facts.qualname(node.func) in apis.DATA_PARALLEL | apis.DISTRIBUTED_DATA_PARALLEL:
         return call_arg(node, 0, "module")
     return None
+
+
+def _moves(facts: FileFacts, site: CallSite) -> bool:
+    """``.cuda()``/``.to(device)`` (not ``.to(torch.float16)``)."""
+    return site.method in apis.MODULE_MOVES and (
+        site.method != "to" or any(_device_arg(facts, a, site) for a in site.node.args)
+    )
+
+
+def _moved_before(facts: FileFacts, model_key: str, load: CallSite) -> bool:
+    """The model was put on a device before the state is loaded (``net = Net().cuda()``, ``net.to(device)``): the
+    state is restored onto those devices, and a later ``.cuda()`` changes nothing."""
+    binding = facts.binding_at(model_key, load.order, load.scope)
+    if binding is not None and binding.kind == "assign" and isinstance(binding.value, cst.Call) and binding.scope is load.scope:
+        site = facts.call_site(binding.value)
+        if site is not None and _moves(facts, site):
+            return True
+    start = binding.order if binding is not None and binding.scope is load.scope else -1
+    return any(  # source order is run order only within one function
+        site.scope is load.scope and start < site.order < load.order and _moves(facts, site)
+        and name_key(site.receiver) == model_key
+        for site in facts.calls
+    )
 
 
 def _device_arg(facts: FileFacts, arg: cst.Arg, site: CallSite) -> bool:

@@ -52,6 +52,7 @@ class ManualGradNormAcrossDevices(Rule):
                 continue
             if self._placed_terms(comp):
                 continue
+            placer = value.trait("dispatch_call") or value.origin().node
             yield self.report(
                 site.node,
                 f"`{snippet(facts, site.node, 60)}` gathers one tensor per parameter of `{snippet(facts, owner, 30)}`, "
@@ -60,6 +61,7 @@ class ManualGradNormAcrossDevices(Rule):
                 fix_hint="Use `torch.nn.utils.get_total_norm(grads)` / `clip_grad_norm_` (they group by device), or "
                 "move each term: `torch.stack([g.norm().to(first_device) for g in grads])`.",
                 severity=severity,
+                related=((placer, "the model is dispatched over several devices here"),) if placer is not None else (),
             )
 
     def _comprehension(self, facts: FileFacts, node, site) -> Optional[cst.BaseExpression]:

@@ -45,7 +45,14 @@ class DataParallelModelNotOnDevice0(Rule):
             else:
                 yield from self._moved_elsewhere(facts, site, module, device_ids)
                 continue
-            yield self.report(site.node, message, fix_hint=hint, severity=severity)
+            created = facts.value(module, site.order, site.scope).origin().node
+            yield self.report(
+                site.node,
+                message,
+                fix_hint=hint,
+                severity=severity,
+                related=((created, "the model is built here, on the CPU"),) if isinstance(created, cst.Call) else (),
+            )
 
     def _moved_elsewhere(self, facts: FileFacts, site, module, device_ids):
         """The module (or its wrapper) ends up on a GPU with a literal index other than ``device_ids[0]``

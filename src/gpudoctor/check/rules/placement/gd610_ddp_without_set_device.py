@@ -62,6 +62,9 @@ class DdpWithoutSetDevice(Rule):
                 f"the script calls `{snippet(facts, setters[0].node, 40)}` only after that move"
                 if setters else "the script never calls `torch.cuda.set_device(local_rank)`"
             )
+            related = [(move.node, "the model is moved to the accelerator without a device index here")]
+            related += [(setter.node, "the device is set only after that move") for setter in setters[:1]]
+            related += _group_starts(facts, setters)
             yield self.report(
                 site.node,
                 f"`{snippet(facts, module, 30)}` was put on the accelerator by `{snippet(facts, move.node, 40)}`, which "
@@ -71,6 +74,7 @@ class DdpWithoutSetDevice(Rule):
                 "memory).",
                 fix_hint="Right after `init_process_group`, call `torch.cuda.set_device(local_rank)` (local_rank = "
                 "`int(os.environ[\"LOCAL_RANK\"])`), and use `device_ids=[local_rank]`.",
+                related=tuple(related),
             )
 
     def _object_collectives(self, facts: FileFacts):
@@ -91,6 +95,7 @@ class DdpWithoutSetDevice(Rule):
                 "rank 0 both on CUDA device ...\") or hangs (pytorch#75619).",
                 fix_hint="Right after `init_process_group`, call `torch.cuda.set_device(local_rank)` (local_rank = "
                 "`int(os.environ[\"LOCAL_RANK\"])`, or the rank `mp.spawn` passes).",
+                related=_group_starts(facts, ()),
             )
 
     @staticmethod
@@ -158,3 +163,11 @@ class DdpWithoutSetDevice(Rule):
             if binding is not None and binding.kind == "assign":
                 return self._cuda_without_index(facts, binding.value, site, depth + 1)
         return False
+
+
+def _group_starts(facts: FileFacts, setters) -> list:
+    """``init_process_group``, right after which ``set_device`` belongs (unless a late one is already there)."""
+    if setters:
+        return []
+    return [(site.node, "the process group starts here, without setting this rank's device")
+            for site in facts.calls_to("torch.distributed.init_process_group")[:1]]

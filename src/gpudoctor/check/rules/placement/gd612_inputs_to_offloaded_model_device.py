@@ -55,7 +55,11 @@ class InputsToOffloadedModelDevice(Rule):
                     "cannot be called on meta tensors\").",
                     fix_hint="Leave the inputs on the CPU (the accelerate hooks move them), or send them to the first "
                     "GPU of the map (e.g. `.to(0)`).",
-                    related=() if target is arg.value else ((target, f"`{snippet(facts, arg.value, 20)}` is `{snippet(facts, target, 40)}`"),),
+                    related=(
+                        *(() if target is arg.value else ((target, f"`{snippet(facts, arg.value, 20)}` is `{snippet(facts, target, 40)}`"),)),
+                        (site.node, "the inputs are sent to that device here"),
+                        *(((device_map.node, f"the device map offloads `{module}` here"),) if device_map.node is not None else ()),
+                    ),
                 )
 
     @staticmethod

@@ -10,6 +10,9 @@ from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import snippet
 from gpudoctor.check.rule import Rule
 from gpudoctor.check.rules.placement._common import (
+    LOSS_FUNCTIONS_WITH_WEIGHT,
+    LOSS_MODULES_WITH_WEIGHT,
+    LOSS_WEIGHT_KEYWORDS,
     accelerator_device,
     cpu_computed,
     file_sets_default_device,
@@ -17,6 +20,7 @@ from gpudoctor.check.rules.placement._common import (
     module_classes,
     on_accelerator,
     parents,
+    wrapper_moves_inputs,
 )
 
 
@@ -58,6 +62,8 @@ class HelperCpuTensorMeetsGpu(Rule):
                 use, placed = self._model_input(facts, site, root)
             if use is None or placed is None or id(use) in reported:
                 continue
+            if _given_as_loss_weight(facts, site, use):
+                continue  # ``F.cross_entropy(..., weight=class_weights(y))``: GD604 reports the CPU loss weight
             reported.add(id(use))
             helper = snippet(facts, site.node.func, 30)
             yield self.report(
@@ -118,7 +124,7 @@ class HelperCpuTensorMeetsGpu(Rule):
             model = facts.value(call.func, order, scope)
             if model.kind != "model" or str(model.trait("class") or "").endswith("Loss"):
                 continue
-            if model.has(TRAIT_DISPATCHED) or model.has(TRAIT_PREPARED) or _moves_inputs(model):
+            if model.has(TRAIT_DISPATCHED) or model.has(TRAIT_PREPARED) or wrapper_moves_inputs(model):
                 continue  # accelerate's hooks, DataParallel's scatter and DDP move the inputs themselves
             for other in call.args:
                 if other is arg:
@@ -156,6 +162,25 @@ class HelperCpuTensorMeetsGpu(Rule):
         return None
 
 
+def _given_as_loss_weight(facts: FileFacts, site, use: cst.CSTNode) -> bool:
+    """The helper's result (directly or through a local name) is the ``weight=``/``pos_weight=`` of the loss call
+    ``use``."""
+    if not isinstance(use, cst.Call):
+        return False
+    if facts.qualname(use.func) not in LOSS_FUNCTIONS_WITH_WEIGHT | set(LOSS_MODULES_WITH_WEIGHT):
+        return False
+    for arg in use.args:
+        if arg.keyword is None or arg.keyword.value not in LOSS_WEIGHT_KEYWORDS:
+            continue
+        if arg.value is site.node:
+            return True
+        order, scope = _where(facts, arg.value)
+        held = facts.assignment_of(arg.value, order, scope) if order is not None else None
+        if held is not None and held.value is site.node:
+            return True
+    return False
+
+
 def _where(facts: FileFacts, node: cst.CSTNode):
     """(order, scope) of the first name or call inside ``node``."""
     stack = [node]
@@ -166,16 +191,6 @@ def _where(facts: FileFacts, node: cst.CSTNode):
             return order, scope
         stack.extend(current.children)
     return None, None
-
-
-def _moves_inputs(model) -> bool:
-    """A wrapper (possibly under other values) that moves its inputs: DataParallel, DistributedDataParallel."""
-    while model is not None:
-        wrapper = str((model.traits or {}).get("wrapper") or "")
-        if wrapper.split(".")[-1] in ("DataParallel", "DistributedDataParallel"):
-            return True
-        model = model.base
-    return False
 
 
 def _runs_in_forward(facts: FileFacts, scope) -> bool:
