@@ -440,8 +440,8 @@ _IMAGE_TO_TENSOR = {"torchvision.transforms.ToTensor", "torchvision.transforms.P
 def _image_to_tensor(facts: FileFacts, node, order: int, scope: Scope, depth: int = 0) -> Optional[cst.Call]:
     """The call that turns an image into a CPU tensor behind ``node``: ``tfms(img)`` where ``tfms`` is a torchvision
     ``ToTensor``/``PILToTensor`` or a ``Compose`` of torchvision steps holding one, ``TF.to_tensor(img)``; followed
-    through names (never moved: ``x = x.to(...)`` stops it) and views or casts with literal arguments
-    (``.unsqueeze(0)``, ``.float()``)."""
+    through names (never moved: ``x = x.to(...)`` stops it), views or casts with literal arguments
+    (``.unsqueeze(0)``, ``.float()``) and the file's own helpers (every ``return`` of the one called)."""
     if node is None or depth > 6:
         return None
     if isinstance(node, cst.Call):
@@ -453,6 +453,10 @@ def _image_to_tensor(facts: FileFacts, node, order: int, scope: Scope, depth: in
             return None
         if facts.qualname(func) in _IMAGE_TO_TENSOR:
             return node
+        site = facts.call_site(node)
+        if site is not None and site.qualname is None and facts.callee_scopes(site):
+            # the file's own helper (``image_loader(path)``): what every one of its returns is
+            return facts.every_return(site, lambda value, at, within, _callee: _image_to_tensor(facts, value, at, within, depth + 1))
         built = func if isinstance(func, cst.Call) else facts.built_by(func, order, scope)
         q = facts.qualname(built.func) if isinstance(built, cst.Call) else None
         if q in _IMAGE_TO_TENSOR:
