@@ -350,6 +350,9 @@ def test_snippets_pass_the_prefilter_and_say_what_they_assumed():
     assert not is_relevant(b"import os\nstep = walker.backward\n")  # an attribute, not the autograd call
     assert is_relevant(b"model.eval()\nfor x, y in val_loader:\n    out = model(x.to(device))\n")
     assert not is_relevant(b"import pandas as pd\ndf.eval('c = a + b')\n")
+    # A model class pasted on its own, and a constructed model moved in one expression, count too.
+    assert is_relevant(b"class Net(nn.Module):\n    def __init__(self):\n        self.layers = []\n")
+    assert is_relevant(b"model = Net(cfg).cuda()\n") and not is_relevant(b"class Node(tree.Module):\n    pass\n")
     [finding] = check_source(snippet.decode(), "cell.py", rules=all_rules())
     assert finding.code == "GD110" and "Assumed `AutoModelForCausalLM` as `transformers.AutoModelForCausalLM`" in finding.message
 

@@ -288,6 +288,8 @@ WELL_KNOWN_NAMES = {
     "SFTTrainer": "trl.SFTTrainer",
     "SFTConfig": "trl.SFTConfig",
     "pipeline": "transformers.pipeline",
+    "torchvision": "torchvision",  # ``torchvision.models.resnet18(...)`` pasted without its import
+    "UNet2DConditionModel": "diffusers.UNet2DConditionModel",
 }
 
 # What ``from torch import *`` / ``from torch.nn import *`` bind that the engine reads (torch 2.13: the names are in
@@ -436,10 +438,12 @@ _INSTANCE_USE = "|".join(
     for p in INSTANCE_PROFILES
     if p.distinctive | p.common
 )
-# A cell that only trains or evaluates what earlier cells built (``net.cuda()``, ``optimizer.zero_grad()``,
-# ``loss.backward()``, ``model.eval()``, ``x.to(device)``) names no library at all: those calls count too.
+# A cell that only trains or evaluates what earlier cells built (``net.cuda()``, ``Net(...).cuda()``,
+# ``optimizer.zero_grad()``, ``loss.backward()``, ``model.eval()``, ``x.to(device)``) names no library at all: those
+# calls count too, and so does a model class pasted on its own (``class Net(nn.Module):``).
 SNIPPET_USE = re.compile(
     rb"\btorch\.[a-z]|(?<![\w.])(?:" + "|".join(_SNIPPET_NAMES).encode() + rb")\s*[(.]"
     + rb"|(?<![\w.])(?:self\.)?(?:" + _INSTANCE_USE.encode() + rb")\b"
-    + rb"|\w\.(?:zero_grad|backward|cuda)\(\s*[)\w]|\w\.eval\(\s*\)|\w\.to\(\s*device\b"
+    + rb"|[\w)\]]\.(?:zero_grad|backward|cuda)\(\s*[)\w]|\w\.eval\(\s*\)|\w\.to\(\s*device\b"
+    + rb"|\bclass\s+\w+\s*\(\s*(?:torch\.)?nn\.Module\s*\)"
 )

@@ -82,6 +82,7 @@ class CpuInputToMovedModel(Rule):
                     self._cpu_mapping(facts, arg, site) or self._unmoved_collated_batch(facts, arg, site)
                     if keyword == "**" else self._cpu_input(facts, arg, site)
                 )
+                evidence = evidence or _unmoved_tokenizer_output(facts, arg, site, whole=keyword == "**")
                 if evidence is None:
                     continue
                 origin, why = evidence
@@ -119,6 +120,13 @@ class CpuInputToMovedModel(Rule):
                 return None, []
             parts = [e.value for e in example.elements] if isinstance(example, cst.Tuple) else [example]
             return model, [(part, None) for part in parts]
+        func = site.node.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "generate" and _encoder_decoder(facts, func.value, site):
+            # generate() moves decoder inputs itself, but runs the encoder on the inputs as given
+            return func.value, [
+                (a.value, "**" if a.star else a.keyword.value if a.keyword is not None else None)
+                for a in site.node.args if a.star != "*"
+            ]
         if site.qualname is not None or name_key(site.node.func) is None:
             return None, []
         if any(a.star == "*" for a in site.node.args):
@@ -515,8 +523,8 @@ _IMAGE_TO_TENSOR = {"torchvision.transforms.ToTensor", "torchvision.transforms.P
 def _image_to_tensor(facts: FileFacts, node, order: int, scope: Scope, depth: int = 0) -> Optional[cst.Call]:
     """The call that turns an image into a CPU tensor behind ``node``: ``tfms(img)`` where ``tfms`` is a torchvision
     ``ToTensor``/``PILToTensor`` or a ``Compose`` of torchvision steps holding one, ``TF.to_tensor(img)``; followed
-    through names (never moved: ``x = x.to(...)`` stops it) and views or casts with literal arguments
-    (``.unsqueeze(0)``, ``.float()``)."""
+    through names (never moved: ``x = x.to(...)`` stops it), views or casts with literal arguments
+    (``.unsqueeze(0)``, ``.float()``) and the file's own helpers (every ``return`` of the one called)."""
     if node is None or depth > 6:
         return None
     if isinstance(node, cst.Call):
@@ -528,6 +536,10 @@ def _image_to_tensor(facts: FileFacts, node, order: int, scope: Scope, depth: in
             return None
         if facts.qualname(func) in _IMAGE_TO_TENSOR:
             return node
+        site = facts.call_site(node)
+        if site is not None and site.qualname is None and facts.callee_scopes(site):
+            # the file's own helper (``image_loader(path)``): what every one of its returns is
+            return facts.every_return(site, lambda value, at, within, _callee: _image_to_tensor(facts, value, at, within, depth + 1))
         built = func if isinstance(func, cst.Call) else facts.built_by(func, order, scope)
         q = facts.qualname(built.func) if isinstance(built, cst.Call) else None
         if q in _IMAGE_TO_TENSOR:
@@ -565,3 +577,55 @@ def _torchvision_steps(facts: FileFacts, node: cst.BaseExpression, order: int, s
         at = facts._position_of(built)
         return all(_torchvision_steps(facts, step.value, *at) for step in steps.elements)
     return True
+
+
+# transformers encoder-decoder text models: generate() runs their encoder on the input_ids as given (transformers 5.24
+# moves only the decoder's inputs, in prepare_inputs_for_generation).
+_ENCODER_DECODER = ("AutoModelForSeq2SeqLM", "T5ForConditionalGeneration", "MT5ForConditionalGeneration",
+                    "UMT5ForConditionalGeneration", "LongT5ForConditionalGeneration", "BartForConditionalGeneration",
+                    "MBartForConditionalGeneration", "MarianMTModel", "PegasusForConditionalGeneration",
+                    "BlenderbotForConditionalGeneration", "LEDForConditionalGeneration", "M2M100ForConditionalGeneration")
+
+
+def _encoder_decoder(facts: FileFacts, model_expr: cst.BaseExpression, site) -> bool:
+    origin = facts.value(model_expr, site.order, site.scope).origin().node
+    q = facts.qualname(origin.func) if isinstance(origin, cst.Call) else None
+    owner_method = apis.hf_class_method(q) if q else None
+    return bool(owner_method and owner_method[1] == "from_pretrained" and owner_method[0].split(".")[-1] in _ENCODER_DECODER)
+
+
+def _unmoved_tokenizer_output(facts: FileFacts, arg: cst.BaseExpression, site, whole: bool) -> Optional[tuple[cst.CSTNode, str]]:
+    """``inputs = tokenizer(text, return_tensors="pt")`` handed on as ``**inputs`` (``whole``), or its
+    ``inputs["input_ids"]`` / ``inputs.input_ids``, when nothing moves it between the tokenizer call and the model
+    call: no ``.to(...)``/``.cuda()`` on it (``BatchEncoding.to`` moves in place), no store into it, not handed to
+    another call."""
+    node = arg
+    if not whole:
+        if isinstance(node, cst.Subscript) and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index) \
+                and string_value(node.slice[0].slice.value) is not None:
+            node = node.value
+        elif isinstance(node, cst.Attribute) and node.attr.value in ("input_ids", "attention_mask", "pixel_values"):
+            node = node.value
+        else:
+            return None
+    key = name_key(node)
+    if key is None or "." in key:
+        return None
+    binding = facts.binding_at(key, site.order, site.scope)
+    if binding is None or binding.kind != "assign" or binding.scope is not site.scope or not isinstance(binding.value, cst.Call):
+        return None
+    made = binding.value
+    if isinstance(made.func, cst.Attribute) and made.func.attr.value in PLACING_METHODS:
+        return None  # ``tokenizer(...).to(device)``
+    if facts.value(made, binding.order, binding.scope).kind != "tokenizer_output":
+        return None
+    if string_value(call_arg(made, keyword="return_tensors")) != "pt":
+        return None
+    for other in facts.calls:
+        if not binding.order < other.order < site.order or other is site:
+            continue
+        if name_key(other.receiver) == key or any(name_key(a.value) == key for a in other.node.args):
+            return None  # moved (``inputs.to(device)``) or handed to a helper that may move it
+    if any(binding.order < s.order < site.order and s.base_key == key for s in facts.subscript_assigns):
+        return None  # ``inputs["input_ids"] = inputs["input_ids"].to(device)``
+    return made, f"`{snippet(facts, made, 50)}` returns CPU tensors and nothing moves them"
