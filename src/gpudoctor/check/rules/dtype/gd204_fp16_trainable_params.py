@@ -1,9 +1,9 @@
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 import libcst as cst
-from typing import Optional
 
 from gpudoctor.check import apis
 from gpudoctor.check.facts import (
@@ -13,11 +13,11 @@ from gpudoctor.check.facts import (
     TRAIT_PEFT,
     TRAIT_PRECISION_CAST,
     TRAIT_QUANTIZED,
+    CallSite,
     FileFacts,
     Value,
     call_arg,
     is_true,
-    string_value,
 )
 from gpudoctor.check.finding import Severity
 from gpudoctor.check.queries import parameters_owner_paths, snippet, string_through, trained_models
@@ -76,12 +76,11 @@ class Fp16TrainableParams(Rule):
         if found is None:
             yield from self._pure_fp16_adaptive(facts)
             return
-        amp, amp_node = found
-        amp_site = facts.call_site(amp_node) if isinstance(amp_node, cst.Call) else None
+        amp, amp_node, amp_site = found
         # the mixed-precision setting itself says fp16 (not only a GradScaler): its dtype variable is float16. Under
         # DeepSpeed accelerate reports mixed_precision "no" (accelerate 1.15 state.py: the DeepSpeed config owns it).
         precision_fp16 = (
-            amp_site is not None and amp_site.qualname in (*apis.ACCELERATOR, *apis.TRAINING_ARGS)
+            amp_site.qualname in (*apis.ACCELERATOR, *apis.TRAINING_ARGS)
             and "deepspeed" not in facts.source.lower()
         )
         seen: set[int] = set()
@@ -165,23 +164,23 @@ class Fp16TrainableParams(Rule):
             )
 
     @staticmethod
-    def _amp(facts: FileFacts) -> Optional[tuple[str, cst.CSTNode]]:
-        """How the file turns on fp16 AMP with a GradScaler, and where (keywords also read from a ``**kwargs``
-        dict: ``TrainingArguments(**{"fp16": True, ...})``)."""
+    def _amp(facts: FileFacts) -> Optional[tuple[str, cst.CSTNode, CallSite]]:
+        """How the file turns on fp16 AMP with a GradScaler, where (the setting the user turns off), and the call
+        that does it (keywords also read from a ``**kwargs`` dict: ``TrainingArguments(**{"fp16": True, ...})``)."""
         for site in facts.calls_to(*apis.TRAINING_ARGS):
             # where: the ``fp16=True`` the user turns off (its value, also inside a ``**kwargs`` dict)
             flag = facts.keyword_argument(site.node, "fp16", site.order, site.scope)
             if is_true(flag):
-                return f"`{snippet(facts, site.node.func)}(fp16=True)` turns on fp16 AMP with a GradScaler", flag
+                return f"`{snippet(facts, site.node.func)}(fp16=True)` turns on fp16 AMP with a GradScaler", flag, site
         for site in facts.calls_to(*apis.ACCELERATOR):
             # ``Accelerator(mixed_precision=args.mixed_precision)``: the option's default counts (what runs without it)
             flag = facts.keyword_argument(site.node, "mixed_precision", site.order, site.scope)
             if string_through(facts, flag, site.order, site.scope) == "fp16":
-                return f"`{snippet(facts, site.node.func)}(mixed_precision=\"fp16\")` unscales gradients with a GradScaler", flag
+                return f"`{snippet(facts, site.node.func)}(mixed_precision=\"fp16\")` unscales gradients with a GradScaler", flag, site
         for site in facts.calls_to(*apis.GRAD_SCALER):
             enabled = call_arg(site.node, keyword="enabled")
             if enabled is None or is_true(enabled):
-                return f"`{snippet(facts, site.node)}` unscales the gradients", site.node
+                return f"`{snippet(facts, site.node)}` unscales the gradients", site.node, site
         return None
 
     @staticmethod
