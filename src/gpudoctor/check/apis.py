@@ -149,6 +149,26 @@ def is_scheduler(qualname: str) -> bool:
     }
 
 
+# torchvision.models helpers that return no model (weights enums, registries, feature-extractor wrappers).
+_TORCHVISION_NON_BUILDERS = {"get_weight", "get_model_weights", "list_models", "create_feature_extractor",
+                             "get_graph_node_names"}
+
+
+def is_cpu_model_builder(qualname: str) -> bool:
+    """A library call that builds a fresh ``nn.Module`` on the CPU: a torchvision model builder or class
+    (``torchvision.models.resnet50(...)``, ``torchvision.models.segmentation.deeplabv3_resnet50(...)``,
+    ``torchvision.models.get_model(...)``; weights, when asked for, are loaded on the CPU too) or
+    ``timm.create_model(...)``."""
+    if qualname == "timm.create_model":
+        return True
+    parts = qualname.split(".")
+    if parts[:2] != ["torchvision", "models"] or len(parts) < 3:
+        return False
+    last = parts[-1]
+    return last not in _TORCHVISION_NON_BUILDERS and not last.endswith("Weights") and not last.startswith("_") \
+        and "feature_extraction" not in parts and "_utils" not in parts
+
+
 def hf_class_method(qualname: str) -> tuple[str, str] | None:
     """``transformers.AutoModelForCausalLM.from_pretrained`` -> ("AutoModelForCausalLM", "from_pretrained")."""
     parts = qualname.split(".")

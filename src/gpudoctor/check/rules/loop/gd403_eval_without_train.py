@@ -77,8 +77,19 @@ class EvalWithoutTrain(Rule):
                     related=(
                         *(((site.node, "the model is switched to eval mode here"),) if via is not None else ()),
                         ((backward_via or backward).node, "training goes on here, in eval mode"),
+                        *self._train_before_loop(facts, loop, key),
                     ),
                 )
+
+    @staticmethod
+    def _train_before_loop(facts: FileFacts, loop, key: str):
+        """The last ``key.train()`` before the loop, in the loop's scope: the one switch to train mode, made once,
+        that the fix moves into the loop."""
+        before = [
+            c for c in facts.calls
+            if c.order < loop.order and c.scope is loop.scope and is_train_call(facts, c) and snippet(facts, c.receiver) == key
+        ]
+        return ((before[-1].node, "train mode is set only once, here, before the loop"),) if before else ()
 
     @staticmethod
     def _maybe_other_module(facts: FileFacts, site, via, loop, trained: set[str]) -> bool:

@@ -42,7 +42,11 @@ class SamplerWithoutSetEpoch(Rule):
                 f"`{snippet(facts, site.node)}` shuffles with a seed derived from its epoch, and `set_epoch(epoch)` "
                 "is never called: every epoch sees the samples in the same order.",
                 fix_hint="Call `sampler.set_epoch(epoch)` at the start of every epoch (before iterating the loader).",
-                related=((_loop_head(epoch_loop), "each epoch starts here: call set_epoch(epoch) at its top"),),
+                related=(
+                    (_loop_head(epoch_loop), "each epoch starts here: call set_epoch(epoch) at its top"),
+                    *((user.node, "this loader draws every epoch's batches from the sampler")
+                      for user in self._users(facts, site.node) or () if user.qualname in _LOADER),
+                ),
             )
 
     def _may_train_unseeded(self, facts: FileFacts, site: CallSite) -> bool:

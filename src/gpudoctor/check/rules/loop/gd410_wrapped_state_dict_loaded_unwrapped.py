@@ -30,10 +30,10 @@ class WrappedStateDictLoadedUnwrapped(Rule):
             if loaded is None:
                 continue
             path, filtered = loaded
-            match = next((s for s in saves if s[0] == path and s[1].order < load.order), None)
+            match = next((s for s in saves if s[0] == path and s[4] < load.order), None)
             if match is None:
                 continue
-            _, save, wrapped, wrapper = match
+            _, save, wrapped, wrapper, _ = match
             target = facts.value(load.receiver, load.order, load.scope)
             if target.trait("wrapper") is not None or target.has(TRAIT_PREPARED):
                 continue
@@ -60,7 +60,9 @@ class WrappedStateDictLoadedUnwrapped(Rule):
                 related=((save.node, f"the `{wrapper}` wrapper's state dict (`module.` keys) is saved here"),),
             )
 
-    def _wrapped_saves(self, facts: FileFacts) -> Iterator[tuple[str, CallSite, str, str]]:
+    def _wrapped_saves(self, facts: FileFacts) -> Iterator[tuple[tuple, CallSite, str, str, int]]:
+        """((path text, checkpoint keys), the save, the wrapped model's text, the wrapper, when the file is written:
+        the save's position, or the position of the call that hands a helper's ``path`` parameter its argument)."""
         for save in facts.calls:
             if save.qualname != "torch.save" and not (save.method == "save" and save.receiver is not None and facts.value(save.receiver, save.order, save.scope).kind == "accelerator"):
                 continue
@@ -77,7 +79,8 @@ class WrappedStateDictLoadedUnwrapped(Rule):
                         wrapper = "DistributedDataParallel (from accelerator.prepare)"
                     else:
                         continue
-                yield (self._path_text(facts, path), keys), save, snippet(facts, owner), wrapper.split(".")[-1]
+                for path_text, written in self._path_texts(facts, path, save):
+                    yield (path_text, keys), save, snippet(facts, owner), wrapper.split(".")[-1], written
 
     def _state_dict_calls(
         self, facts: FileFacts, obj: cst.BaseExpression, save: CallSite, keys: tuple = ()
@@ -132,6 +135,18 @@ class WrappedStateDictLoadedUnwrapped(Rule):
             if found is not None:
                 return found
         return self._trace(facts, binding.value, binding.order, binding.scope, keys, filtered, depth + 1)
+
+    def _path_texts(self, facts: FileFacts, path: cst.BaseExpression, save: CallSite) -> Iterator[tuple[str, int]]:
+        """The saved path as written, and, when it is a parameter of the helper that saves
+        (``def save_checkpoint(net, path): torch.save(net.state_dict(), path)``), as each call passes it
+        (``save_checkpoint(model, args.weights)``), with the position of that call. Only for a helper called once:
+        the wrapper is the model that call hands in, and another call may save an unwrapped model elsewhere."""
+        yield self._path_text(facts, path), save.order
+        binding = facts.binding_at(path.value, save.order, save.scope) if isinstance(path, cst.Name) else None
+        passed = list(facts.param_arguments(binding)) if binding is not None and binding.kind == "param" else []
+        if len(passed) == 1:
+            argument, order, _scope = passed[0]
+            yield self._path_text(facts, argument), order
 
     @staticmethod
     def _path_text(facts: FileFacts, node: cst.BaseExpression) -> str:

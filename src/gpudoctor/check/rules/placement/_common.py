@@ -97,6 +97,7 @@ def cpu_tensor(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope:
         sides = [cpu_tensor(facts, side, order, scope, depth + 1) for side in (node.left, node.right)]
         others_plain = all(
             found is not None or _literal_number(side) or _plain_number_attribute(facts, side)
+            or _number_parameter(facts, side, order, scope)
             for found, side in zip(sides, (node.left, node.right))
         )
         return next((f for f in sides if f), None) if others_plain else None
@@ -217,6 +218,8 @@ def is_module_constructor(facts: FileFacts, node: Optional[cst.CSTNode]) -> Opti
             return q.replace("torch.nn.", "nn.")
         if (parts[:3] == ["torch", "nn", "modules"]) and parts[-1][:1].isupper():
             return "nn." + parts[-1]
+        if apis.is_cpu_model_builder(q):
+            return q
         return None
     if isinstance(node.func, cst.Name) and node.func.value in module_classes(facts):
         return node.func.value
@@ -446,6 +449,22 @@ def _plain_number_attribute(facts: FileFacts, node: cst.CSTNode) -> bool:
     if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
         return value.func.value in ("int", "float", "len", "round", "max", "min")
     return False
+
+
+def _number_parameter(facts: FileFacts, node: cst.CSTNode, order: int, scope: Scope) -> bool:
+    """A parameter of the enclosing function that every call of the file passes a literal number for (or, when
+    no call passes it, whose default is one): ``stride`` in ``torch.tensor(anchors) / stride`` of
+    ``Head(anchors, stride=8)``. A CPU tensor combined with it stays on the CPU."""
+    if not isinstance(node, cst.Name):
+        return False
+    binding = facts.binding_at(node.value, order, scope)
+    if binding is None or binding.kind != "param" or not isinstance(binding.target, cst.Param):
+        return False
+    passed = list(facts.param_arguments(binding))
+    if passed:
+        return all(_literal_number(argument) for argument, _, _ in passed)
+    default = binding.target.default
+    return default is not None and _literal_number(default)
 
 
 def _is_method_of_enclosing_class(facts: FileFacts, key: str, node: cst.CSTNode) -> bool:

@@ -12,6 +12,7 @@ from gpudoctor.check.rules.placement._common import (
     PLACING_METHODS,
     TENSOR_ARGUMENTS,
     accelerator_device,
+    cpu_computed,
     holds_no_tensors,
     module_classes,
     moves_to_accelerator,
@@ -85,7 +86,8 @@ class SecondModelInputsElsewhere(Rule):
 
     def _weights_placed(self, facts: FileFacts, site: CallSite) -> bool:
         """A weighted loss whose only tensors, its ``weight=``/``pos_weight=``, were built on a device
-        (``nn.CrossEntropyLoss(weight=w.cuda())``)."""
+        (``nn.CrossEntropyLoss(weight=w.cuda())``) or may have been: a weight the file does not show made on the CPU
+        (a parameter, an unknown helper's result) may be on the inputs' device, and then nothing mixes."""
         built = facts.built_by(site.node.func, site.order, site.scope)
         if not isinstance(built, cst.Call):
             return False
@@ -105,7 +107,7 @@ class SecondModelInputsElsewhere(Rule):
                 (isinstance(weight.func, cst.Attribute) and weight.func.attr.value in PLACING_METHODS)
                 or call_arg(weight, keyword="device") is not None
             )
-            if not on_device:
+            if not on_device and cpu_computed(facts, arg.value, order, scope) is not None:
                 return False
         return True
 

@@ -35,6 +35,7 @@ class LocalRankOption(Rule):
         env_launch = _env_launch(facts.source)
         legacy_launch = _legacy_launch(facts.source)
         if env_launch is None and legacy_launch is None:
+            yield from self._no_launcher_named(facts)
             return
         for site in facts.method_calls("add_argument"):
             flags = {string_value(a.value) for a in site.node.args if a.keyword is None} - {None}
@@ -61,6 +62,33 @@ class LocalRankOption(Rule):
                     "default=-1)`, or launch with torchrun and read `os.environ[\"LOCAL_RANK\"]`.",
                 )
 
+    def _no_launcher_named(self, facts: FileFacts):
+        """No launch command in the file, but it joins a process group from the environment
+        (``init_process_group`` without ``rank=``/a non-``env://`` ``init_method``): RANK and WORLD_SIZE come from a
+        launcher, and neither launcher torch ships fills an underscored-only ``--local_rank``."""
+        if _SPAWNS_OR_DEEPSPEED.search(facts.source) or "parse_known_args" in facts.source:
+            return
+        joins = [site for site in facts.calls_to(*_INIT_PROCESS_GROUP) if _initialised_from_environment(site)]
+        if not joins:
+            return
+        for site in facts.method_calls("add_argument"):
+            flags = {string_value(a.value) for a in site.node.args if a.keyword is None} - {None}
+            if "--local_rank" not in flags or "--local-rank" in flags or not self._default_ignores_environment(facts, site):
+                continue
+            yield self.report(
+                site.node,
+                "The script joins its process group from the environment a launcher sets, but declares only "
+                "`--local_rank`, which neither torch launcher fills (torch 2.13): torchrun sets only the `LOCAL_RANK` "
+                "environment variable, so the option keeps its default "
+                f"`{snippet(facts, site.arg(keyword='default'), 30) if site.arg(keyword='default') is not None else 'None'}` "
+                "on every process (all ranks pick the same GPU), and `python -m torch.distributed.launch` passes the "
+                "dashed `--local-rank=<rank>`, which `parse_args()` rejects (\"error: unrecognized arguments: "
+                "--local-rank=0\").",
+                fix_hint="Read the variable: `parser.add_argument(\"--local-rank\", \"--local_rank\", type=int, "
+                "default=int(os.environ.get(\"LOCAL_RANK\", -1)))`.",
+                related=((joins[0].node, "the process group is initialised from the launcher's environment here"),),
+            )
+
     @staticmethod
     def _default_ignores_environment(facts: FileFacts, site: CallSite) -> bool:
         """The option's default is not read from the environment and nothing in the file reads ``LOCAL_RANK``
@@ -68,6 +96,20 @@ class LocalRankOption(Rule):
         if "LOCAL_RANK" in facts.source:
             return False
         return ".local_rank" in facts.source  # the script uses the option
+
+
+_INIT_PROCESS_GROUP = ("torch.distributed.init_process_group",)
+# Launch paths that give the script its local rank another way: mp.spawn's first argument, DeepSpeed's launcher.
+_SPAWNS_OR_DEEPSPEED = re.compile(r"\bspawn\(|\bstart_processes\(|deepspeed", re.IGNORECASE)
+
+
+def _initialised_from_environment(site: CallSite) -> bool:
+    """``init_process_group(backend="nccl")`` / ``init_method="env://"``: rank and world size are read from the
+    variables a launcher sets (not passed by the script)."""
+    if site.arg(keyword="rank") is not None or site.arg(keyword="store") is not None:
+        return False
+    method = site.arg(1, "init_method")
+    return method is None or string_value(method) == "env://"
 
 
 def _env_launch(source: str) -> Optional[str]:

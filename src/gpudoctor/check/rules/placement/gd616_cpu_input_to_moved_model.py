@@ -41,6 +41,8 @@ from gpudoctor.check.rules.placement._common import (
 _TRACING = {"torch.onnx.export": 1, "torch.jit.trace": 1}
 # ``torch.nn`` containers: what they run depends on the modules they hold.
 _CONTAINERS = {"Sequential", "ModuleList", "ModuleDict"}
+# ``torch.autograd.Variable``: a no-op wrapper that returns the tensor it is given.
+_VARIABLE = {"torch.autograd.Variable", "torch.autograd.variable.Variable"}
 # Builtins/tqdm that hand the items of their first argument through unchanged.
 _PASS_ITEMS = {"tqdm", "iter", "list", "tuple", "sorted", "reversed"}
 
@@ -312,17 +314,30 @@ class CpuInputToMovedModel(Rule):
         if not isinstance(arg, cst.Name):
             return None
         binding = facts.binding_at(arg.value, site.order, site.scope)
+        wrapped = _variable_of_name(facts, binding)
+        while wrapped is not None:
+            # ``inputs, labels = Variable(inputs), Variable(labels)`` (pre-0.4 tutorials): the same tensor, same device
+            binding = facts.binding_at(wrapped.value, binding.order, binding.scope)
+            wrapped = _variable_of_name(facts, binding)
         if binding is None or binding.value is None:
             return None
-        iterable = binding.value
-        if binding.kind == "unpack":
+        iterable, path = binding.value, binding.path
+        made = binding.target  # where the input gets its value: the loop target, or the unpacking of the loop item
+        if binding.kind == "unpack" and isinstance(iterable, cst.Name):
+            # ``for i, data in enumerate(loader): inputs, labels = data`` (the CIFAR-10 tutorial): the loop item
+            # unpacked in the body, when the name still holds the item the loop bound
+            item = facts.binding_at(iterable.value, binding.order, binding.scope)
+            if item is None or item.kind != "for" or item.value is None or item.scope is not binding.scope:
+                return None
+            binding, iterable, path = item, item.value, (*item.path, *path)
+        elif binding.kind == "unpack":
             if not (isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Name) and iterable.func.value == "next"
                     and iterable.args):
                 return None
             iterable = iterable.args[0].value
         elif binding.kind != "for":
             return None
-        found = self._loader_and_path(facts, iterable, binding.path, binding.order, binding.scope)
+        found = self._loader_and_path(facts, iterable, path, binding.order, binding.scope)
         if found is None:
             return None
         loader_expr, path, order, scope = found
@@ -341,7 +356,7 @@ class CpuInputToMovedModel(Rule):
         described = self._cpu_dataset(facts, dataset, path[0], *at)
         if described is None:
             return None
-        return binding.target, (
+        return made, (
             f"a part of a batch from `{snippet(facts, loader_expr, 30)}`, a DataLoader over {described}, "
             "never moved on the way"
         )
@@ -503,6 +518,23 @@ def _cpu_collate(facts: FileFacts, collate: cst.BaseExpression, order: int, scop
         if string_value(facts.keyword_argument(origin, "return_tensors", *at)) != "pt":
             return None
     return f"`{collate.value}` returns a `return_tensors=\"pt\"` tokenizer output (CPU tensors)"
+
+
+def _variable_of_name(facts: FileFacts, binding) -> Optional[cst.Name]:
+    """``x`` when ``binding`` gives its name ``Variable(x)`` (``v = Variable(x)``, or an element of ``a, b =
+    Variable(x), Variable(y)``): since torch 0.4 ``Variable`` returns the tensor itself, on its device."""
+    if binding is None or binding.value is None:
+        return None
+    node = binding.value
+    if binding.kind == "unpack" and isinstance(node, (cst.Tuple, cst.List)) and len(binding.path) == 1 \
+            and binding.path[0] < len(node.elements) and not any(isinstance(e, cst.StarredElement) for e in node.elements):
+        node = node.elements[binding.path[0]].value
+    elif binding.kind != "assign":
+        return None
+    if isinstance(node, cst.Call) and facts.qualname(node.func) in _VARIABLE and len(node.args) >= 1 \
+            and node.args[0].keyword is None and not node.args[0].star and isinstance(node.args[0].value, cst.Name):
+        return node.args[0].value
+    return None
 
 
 def _literal_scalar(facts: FileFacts, origin: cst.CSTNode) -> bool:
