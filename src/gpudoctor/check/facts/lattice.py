@@ -706,8 +706,6 @@ class ExpressionValues:
             if arg is not None:
                 yield arg, site.order, site.scope
 
-    _param_arguments = param_arguments  # the old private name, for branches written before it became public
-
     def argument_for(self, site: "CallSite", function: "Scope", param: cst.Param) -> Optional[cst.BaseExpression]:
         """The argument the call ``site`` of the file's function ``function`` passes for its parameter ``param``:
         by keyword, or by position (after the ``self``/``cls`` a method receives from its instance or class; a
