@@ -811,9 +811,34 @@ def device_map_chosen_per_launch(facts: FileFacts, site: CallSite, expr: Optiona
                 device_map = facts.device_map(argument, order, scope)
                 if device_map is None or device_map.strategy != "auto":
                     return True
+    return any(isinstance(f, IfFrame) and _tests_launch_mode(facts, f.test) for f in frames)
+
+
+def _tests_launch_mode(facts: FileFacts, test: cst.BaseExpression, depth: int = 0) -> bool:
+    """The ``if`` test reads the launch mode: its text names rank/world size/``ddp``/the GPU count, or a name in it
+    is assigned from one (``ddp = world_size != 1`` with ``world_size = int(os.environ["WORLD_SIZE"])``, whatever
+    the names are called), followed two assignments back."""
+    if _LAUNCH_MODE_TEST.search(facts.module.code_for_node(test)):
+        return True
+    if depth >= 2:
+        return False
+    names = {n.value for n in _names_in(test)}
+    scopes = (facts.module_scope, *facts.functions)
     return any(
-        isinstance(f, IfFrame) and _LAUNCH_MODE_TEST.search(facts.module.code_for_node(f.test)) for f in frames
+        binding.value is not None and _tests_launch_mode(facts, binding.value, depth + 1)
+        for name in names for scope in scopes for binding in scope.bindings.get(name, ())
+        if binding.kind in ("assign", "augassign")
     )
+
+
+def _names_in(node: cst.CSTNode) -> Iterator[cst.Name]:
+    if isinstance(node, cst.Name):
+        yield node
+    elif isinstance(node, cst.Attribute):
+        yield from _names_in(node.value)  # ``args.ddp``: the object's name (its attribute is read as text above)
+    else:
+        for child in node.children:
+            yield from _names_in(child)
 
 
 def _same_auto_map(facts: FileFacts, binding) -> bool:
