@@ -8,6 +8,7 @@ from gpudoctor.check import apis
 from gpudoctor.check.facts import FileFacts, Scope, call_arg, name_key
 from gpudoctor.check.queries import parameters_owner, snippet
 from gpudoctor.check.rule import Rule
+from gpudoctor.check.rules.loop._common import parameters_held_by
 
 
 class Toggle(NamedTuple):
@@ -84,7 +85,7 @@ def _toggles(facts: FileFacts, scope: Scope, model_key: str, depth: int = 0) -> 
         if assign.scope is not scope or assign.target.attr.value != "requires_grad":
             continue
         trainable = _literal_bool(assign.value)
-        module = _iterated_module(facts, assign.target.value, assign.order, scope)
+        module = parameters_held_by(facts, assign.target.value, assign.order, scope)
         path = _path_under(facts, module, model_key)
         if trainable is not None and path is not None:
             found.append(Toggle(assign.order, trainable, path, assign.node))
@@ -117,20 +118,9 @@ def _params_passed(facts: FileFacts, site, callee: Scope, model_key: str):
             yield param.name.value, path
 
 
-def _iterated_module(facts: FileFacts, target: cst.BaseExpression, order: int, scope: Scope):
-    """``p`` bound by ``for p in <module>.parameters()`` (or ``for n, p in <module>.named_parameters()``) -> module."""
-    key = name_key(target)
-    binding = facts.binding_at(key, order, scope) if key is not None else None
-    if binding is None or binding.kind != "for" or not isinstance(binding.value, cst.Call):
-        return None
-    func = binding.value.func
-    if isinstance(func, cst.Attribute) and func.attr.value in ("parameters", "named_parameters"):
-        return func.value
-    return None
-
-
 def _path_under(facts: FileFacts, module: Optional[cst.BaseExpression], model_key: str) -> Optional[str]:
     """The source text of ``module`` when it is ``model_key`` or one of its sub-modules."""
+    module = facts.through_temporary(module)  # ``tmp = model.encoder`` ... ``tmp.requires_grad_(False)``
     if module is None:
         return None
     text = facts.module.code_for_node(module)
