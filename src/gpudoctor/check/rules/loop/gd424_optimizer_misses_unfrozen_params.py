@@ -38,12 +38,15 @@ class OptimizerMissesUnfrozenParams(Rule):
             if not _filters_on_requires_grad(params):
                 continue
             owner = name_key(parameters_owner(facts, params, site.order, site.scope))
-            holder = next((b for b in facts.bindings_built_by(site.node) if b.scope is site.scope), None)
-            if owner is None or holder is None:
+            if owner is None:
                 continue
-            toggles = _toggles(facts, site.scope, owner)
-            frozen = [t for t in toggles if not t.trainable and t.order < site.order]
-            unfrozen = next((t for t in toggles if t.trainable and t.order > site.order
+            holder = _holder(facts, site, owner)
+            if holder is None:
+                continue
+            built_at = site.order if holder.scope is site.scope else holder.order  # a helper's call: where it is called
+            toggles = _toggles(facts, holder.scope, owner)
+            frozen = [t for t in toggles if not t.trainable and t.order < built_at]
+            unfrozen = next((t for t in toggles if t.trainable and t.order > built_at
                              and any(_within(t.path, f.path) for f in frozen)), None)
             if unfrozen is None or not _steps_after(facts, holder, unfrozen.order):
                 continue
@@ -58,6 +61,20 @@ class OptimizerMissesUnfrozenParams(Rule):
                 f"skipped), or call `{holder.key}.add_param_group(...)` with the unfrozen parameters.",
                 related=((unfrozen.node, "these parameters become trainable after the optimizer was built"),),
             )
+
+
+def _holder(facts: FileFacts, site, owner: str):
+    """The binding that keeps the optimizer ``site`` builds: in its own scope, or where one of the file's helpers
+    returning it is called (``optimizer = make_optimizer()``) when ``owner`` names the same model there (a
+    global, not one of the helper's own names)."""
+    holders = facts.bindings_built_by(site.node)
+    same_scope = next((b for b in holders if b.scope is site.scope), None)
+    if same_scope is not None:
+        return same_scope
+    owner_binding = facts.binding_at(owner, site.order, site.scope)
+    if owner_binding is not None and owner_binding.scope is site.scope:
+        return None  # the helper's parameter or local: another name where the helper is called
+    return next((b for b in holders if b.scope is not site.scope and facts.binding_at(owner, b.order, b.scope) is owner_binding), None)
 
 
 def _filters_on_requires_grad(params: Optional[cst.BaseExpression]) -> bool:
