@@ -271,3 +271,78 @@ def is_zero_grad(facts: FileFacts, site: CallSite) -> bool:
         return True
     text = (_receiver_text(site.receiver) or "").split(".")[-1].lower()
     return kind == "unknown" and ("model" in text or "net" in text)
+
+
+# Wrappers that hand on the items of their first argument unchanged (``tqdm(model.parameters())``).
+_PASSES_ITEMS = {"tqdm", "iter", "list", "track", "sorted", "reversed", "tuple", "trange"}
+
+
+def parameters_held_by(facts: FileFacts, name: cst.BaseExpression, order: int, scope: Scope) -> Optional[cst.BaseExpression]:
+    """The module whose parameters ``name`` holds one at a time, else None: ``p`` of ``for p in
+    model.parameters()`` -> ``model``, seen through ``enumerate``/``tqdm``/``zip``, ``for n, p in
+    model.named_parameters()``, ``it = iter(model.parameters())`` ... ``p = next(it)``, and the file's own
+    generators fed with the parameters (what ``facts.source_of`` follows)."""
+    key = name_key(name)
+    binding = facts.binding_at(key, order, scope) if key is not None else None
+    if binding is None or binding.value is None:
+        return None
+    if binding.kind == "for":
+        return _module_of_items(facts, binding.value, binding.order, binding.scope, binding.path)
+    value = binding.value
+    if binding.kind in ("assign", "unpack") and isinstance(value, cst.Call) and isinstance(value.func, cst.Name) \
+            and value.func.value == "next" and value.args:
+        return _module_of_items(facts, value.args[0].value, binding.order, binding.scope, binding.path)
+    return None
+
+
+def _module_of_items(facts: FileFacts, iterable: cst.BaseExpression, order: int, scope: Scope,
+                     path: tuple[int, ...], depth: int = 0) -> Optional[cst.BaseExpression]:
+    """The module when the item of ``iterable`` at ``path`` is one of its parameters."""
+    if depth > 6:
+        return None
+    key = name_key(iterable)
+    if key is not None:
+        binding = facts.binding_at(key, order, scope)
+        if binding is not None and binding.kind == "assign" and isinstance(binding.value, (cst.Call, cst.Name)):
+            return _module_of_items(facts, binding.value, binding.order, binding.scope, path, depth + 1)
+        if binding is not None and binding.kind == "param":
+            passed = facts.param_argument(binding)
+            if passed is not None:
+                argument, at, caller = passed
+                return _module_of_items(facts, argument, at, caller, path, depth + 1)
+        return None
+    if not isinstance(iterable, cst.Call):
+        return None
+    func = iterable.func
+    args = [a.value for a in iterable.args if a.keyword is None and not a.star]
+    if isinstance(func, cst.Attribute) and not iterable.args:
+        if func.attr.value == "parameters" and not path:
+            return func.value
+        if func.attr.value == "named_parameters" and path == (1,):
+            return func.value
+        return None
+    called = facts.qualname(func) or ""
+    local = isinstance(func, cst.Name) and called in ("", func.value)
+    last = called.split(".")[-1] if called else (func.value if isinstance(func, cst.Name) else "")
+    if last in _PASSES_ITEMS and args and (local or called.split(".")[0] in ("tqdm", "rich")):
+        return _module_of_items(facts, args[0], order, scope, path, depth + 1)
+    if last == "enumerate" and local and args and path and path[0] == 1:
+        return _module_of_items(facts, args[0], order, scope, path[1:], depth + 1)
+    if last == "zip" and local and path and path[0] < len(args):
+        return _module_of_items(facts, args[path[0]], order, scope, path[1:], depth + 1)
+    site = facts.call_site(iterable)
+    if site is None or site.qualname is not None:
+        return None
+    for callee in facts.callee_scopes(site):  # one of the file's generators: what it iterates, for this call
+        for yielded in facts.yields.get(id(callee), ()):
+            for loop in facts.loops:
+                if loop.scope is not callee or not loop.order < yielded.order < loop.end_order \
+                        or not isinstance(loop.node, cst.For) or name_key(yielded.value) != name_key(loop.node.target):
+                    continue
+                source = name_key(loop.iter)
+                binding = facts.binding_at(source, yielded.order, callee) if source is not None else None
+                if binding is not None and binding.kind == "param" and isinstance(binding.target, cst.Param):
+                    argument = facts.argument_for(site, callee, binding.target)
+                    if argument is not None:
+                        return _module_of_items(facts, argument, site.order, site.scope, path, depth + 1)
+    return None

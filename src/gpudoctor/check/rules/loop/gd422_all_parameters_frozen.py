@@ -9,7 +9,7 @@ from gpudoctor.check.facts import FileFacts, IfFrame, LoopFrame, call_arg, name_
 from gpudoctor.check.facts.nodes import walk
 from gpudoctor.check.queries import parameters_owner, snippet
 from gpudoctor.check.rule import Rule
-from gpudoctor.check.rules.loop._common import is_backward
+from gpudoctor.check.rules.loop._common import is_backward, parameters_held_by
 
 # Calls that take the model without adding or unfreezing parameters: an optimizer reads them, a wrapper scatters
 # them, ``print``/``len`` look at them.
@@ -84,12 +84,12 @@ class AllParametersFrozen(Rule):
             if site.target.attr.value != "requires_grad" or not _is_false(site.value):
                 continue
             loop = _enclosing_loop(site.context)
-            if loop is None or not isinstance(loop.node, cst.For):
+            if loop is None:
                 continue
-            model = _all_parameters_of(loop.node)
-            if model is None or _loop_target_name(loop.node) != name_key(site.target.value):
+            model = parameters_held_by(facts, site.target.value, site.order, site.scope)
+            if model is None or not _binds_per_iteration(facts, loop, site):
                 continue
-            if len(loop.node.body.body) != 1:
+            if len([s for s in loop.node.body.body if not _pulls_next(s)]) != 1:
                 continue  # other statements in the loop body may skip or unfreeze some parameters
             yield loop.node, model, loop.order, site.scope
         for site in facts.method_calls("requires_grad_"):
@@ -168,22 +168,25 @@ def _enclosing_loop(context: tuple) -> Optional[LoopFrame]:
     return None
 
 
-def _all_parameters_of(loop: cst.For) -> Optional[cst.BaseExpression]:
-    """``model.parameters()`` / ``model.named_parameters()`` iterated as a whole -> ``model``."""
-    it = loop.iter
-    if isinstance(it, cst.Call) and isinstance(it.func, cst.Attribute) and it.func.attr.value in ("parameters", "named_parameters") \
-            and not it.args:
-        return it.func.value
-    return None
+def _binds_per_iteration(facts: FileFacts, loop: LoopFrame, site) -> bool:
+    """The frozen name is the item ``loop`` takes on each iteration: its ``for`` target, or bound by ``next()``
+    inside it (``while True: p = next(it)``)."""
+    binding = facts.binding_at(name_key(site.target.value), site.order, site.scope)
+    if binding is None:
+        return False
+    if binding.kind == "for":
+        return isinstance(loop.node, cst.For) and any(node is binding.target for node in walk(loop.node.target))
+    return isinstance(loop.node, cst.While) and loop.order < binding.order < loop.end_order
 
 
-def _loop_target_name(loop: cst.For) -> Optional[str]:
-    target = loop.target
-    if isinstance(target, cst.Name):
-        return target.value
-    if isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == 2 and isinstance(target.elements[1].value, cst.Name):
-        return target.elements[1].value.value  # ``for name, param in model.named_parameters()``
-    return None
+def _pulls_next(statement: cst.CSTNode) -> bool:
+    """``try: p = next(it)`` / ``except StopIteration: break``: how a ``while`` loop takes its item."""
+    if not isinstance(statement, cst.Try) or len(statement.body.body) != 1:
+        return False
+    pulled = statement.body.body[0]
+    return isinstance(pulled, cst.SimpleStatementLine) and any(
+        isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "next" for node in walk(pulled)
+    )
 
 
 def _filters_requires_grad(params: Optional[cst.BaseExpression]) -> bool:

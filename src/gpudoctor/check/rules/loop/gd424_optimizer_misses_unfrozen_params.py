@@ -8,6 +8,7 @@ from gpudoctor.check import apis
 from gpudoctor.check.facts import FileFacts, Scope, call_arg, name_key
 from gpudoctor.check.queries import parameters_owner, snippet
 from gpudoctor.check.rule import Rule
+from gpudoctor.check.rules.loop._common import parameters_held_by
 
 
 class Toggle(NamedTuple):
@@ -37,12 +38,15 @@ class OptimizerMissesUnfrozenParams(Rule):
             if not _filters_on_requires_grad(params):
                 continue
             owner = name_key(parameters_owner(facts, params, site.order, site.scope))
-            holder = next((b for b in facts.bindings_built_by(site.node) if b.scope is site.scope), None)
-            if owner is None or holder is None:
+            if owner is None:
                 continue
-            toggles = _toggles(facts, site.scope, owner)
-            frozen = [t for t in toggles if not t.trainable and t.order < site.order]
-            unfrozen = next((t for t in toggles if t.trainable and t.order > site.order
+            holder = _holder(facts, site, owner)
+            if holder is None:
+                continue
+            built_at = site.order if holder.scope is site.scope else holder.order  # a helper's call: where it is called
+            toggles = _toggles(facts, holder.scope, owner)
+            frozen = [t for t in toggles if not t.trainable and t.order < built_at]
+            unfrozen = next((t for t in toggles if t.trainable and t.order > built_at
                              and any(_within(t.path, f.path) for f in frozen)), None)
             if unfrozen is None or not _steps_after(facts, holder, unfrozen.order):
                 continue
@@ -57,6 +61,20 @@ class OptimizerMissesUnfrozenParams(Rule):
                 f"skipped), or call `{holder.key}.add_param_group(...)` with the unfrozen parameters.",
                 related=((unfrozen.node, "these parameters become trainable after the optimizer was built"),),
             )
+
+
+def _holder(facts: FileFacts, site, owner: str):
+    """The binding that keeps the optimizer ``site`` builds: in its own scope, or where one of the file's helpers
+    returning it is called (``optimizer = make_optimizer()``) when ``owner`` names the same model there (a
+    global, not one of the helper's own names)."""
+    holders = facts.bindings_built_by(site.node)
+    same_scope = next((b for b in holders if b.scope is site.scope), None)
+    if same_scope is not None:
+        return same_scope
+    owner_binding = facts.binding_at(owner, site.order, site.scope)
+    if owner_binding is not None and owner_binding.scope is site.scope:
+        return None  # the helper's parameter or local: another name where the helper is called
+    return next((b for b in holders if b.scope is not site.scope and facts.binding_at(owner, b.order, b.scope) is owner_binding), None)
 
 
 def _filters_on_requires_grad(params: Optional[cst.BaseExpression]) -> bool:
@@ -84,7 +102,7 @@ def _toggles(facts: FileFacts, scope: Scope, model_key: str, depth: int = 0) -> 
         if assign.scope is not scope or assign.target.attr.value != "requires_grad":
             continue
         trainable = _literal_bool(assign.value)
-        module = _iterated_module(facts, assign.target.value, assign.order, scope)
+        module = parameters_held_by(facts, assign.target.value, assign.order, scope)
         path = _path_under(facts, module, model_key)
         if trainable is not None and path is not None:
             found.append(Toggle(assign.order, trainable, path, assign.node))
@@ -117,20 +135,9 @@ def _params_passed(facts: FileFacts, site, callee: Scope, model_key: str):
             yield param.name.value, path
 
 
-def _iterated_module(facts: FileFacts, target: cst.BaseExpression, order: int, scope: Scope):
-    """``p`` bound by ``for p in <module>.parameters()`` (or ``for n, p in <module>.named_parameters()``) -> module."""
-    key = name_key(target)
-    binding = facts.binding_at(key, order, scope) if key is not None else None
-    if binding is None or binding.kind != "for" or not isinstance(binding.value, cst.Call):
-        return None
-    func = binding.value.func
-    if isinstance(func, cst.Attribute) and func.attr.value in ("parameters", "named_parameters"):
-        return func.value
-    return None
-
-
 def _path_under(facts: FileFacts, module: Optional[cst.BaseExpression], model_key: str) -> Optional[str]:
     """The source text of ``module`` when it is ``model_key`` or one of its sub-modules."""
+    module = facts.through_temporary(module)  # ``tmp = model.encoder`` ... ``tmp.requires_grad_(False)``
     if module is None:
         return None
     text = facts.module.code_for_node(module)
