@@ -18,7 +18,7 @@ and its metadata providers cost 100-400 ms per file, which we never pay here.
 
 from gpudoctor.check.facts.collector import collect
 from gpudoctor.check.facts.dicts import DictContents, DictEntry
-from gpudoctor.check.facts.lattice import FollowedCall
+from gpudoctor.check.facts.lattice import PASS_ITEMS, FollowedCall
 from gpudoctor.check.facts.model import FileFacts
 from gpudoctor.check.facts.nodes import (
     call_arg,

@@ -35,7 +35,8 @@ DIFFUSION_PIPELINE = "diffusion_pipeline"
 TOKENIZER_OUTPUT = "tokenizer_output"
 
 # Iteration wrappers whose items are the items of their first argument.
-_PASS_ITEMS = {"tqdm", "iter", "list", "track", "sorted", "reversed", "tuple", "trange"}
+# Wrappers that hand on the items of their first argument unchanged (``tqdm(loader)``, ``list(params)``).
+PASS_ITEMS = frozenset({"tqdm", "iter", "list", "track", "sorted", "reversed", "tuple", "trange"})
 # torch functions that do not return a tensor.
 _TORCH_NOT_TENSOR = {
     "device", "no_grad", "enable_grad", "inference_mode", "set_grad_enabled", "load", "save", "manual_seed",
@@ -760,7 +761,7 @@ class ExpressionValues:
                 return iterable if found is binding.value else found
             if binding is not None and binding.kind == "assign" and isinstance(binding.value, cst.Call):
                 name = (dotted(binding.value.func) or "").split(".")[-1]
-                if name in _PASS_ITEMS | {"enumerate", "zip"}:
+                if name in PASS_ITEMS | {"enumerate", "zip"}:
                     return self.source_of(binding.value, binding.order, binding.scope, depth + 1)
             if binding is not None and binding.kind == "param":
                 arg = self.param_argument(binding)
@@ -770,7 +771,7 @@ class ExpressionValues:
         if isinstance(iterable, cst.Call):
             name = (dotted(iterable.func) or "").split(".")[-1]
             args = [a.value for a in iterable.args if a.keyword is None and not a.star]
-            if name in _PASS_ITEMS | {"enumerate", "zip"} and args and (self.qualname(iterable.func) or "").split(".")[0] in ("", "tqdm", "rich"):
+            if name in PASS_ITEMS | {"enumerate", "zip"} and args and (self.qualname(iterable.func) or "").split(".")[0] in ("", "tqdm", "rich"):
                 return self.source_of(args[0], order, scope, depth + 1)
             site = self._call_by_node.get(id(iterable))
             if site is not None and site.qualname is None:
@@ -803,7 +804,7 @@ class ExpressionValues:
             func = iterable.func
             name = (dotted(func) or "").split(".")[-1]
             args = [a.value for a in iterable.args if a.keyword is None and not a.star]
-            if name in _PASS_ITEMS and args and (self.qualname(func) or "").split(".")[0] in ("", "tqdm", "rich"):
+            if name in PASS_ITEMS and args and (self.qualname(func) or "").split(".")[0] in ("", "tqdm", "rich"):
                 return self.item_of(args[0], order, scope, path)
             if name == "enumerate" and args:
                 if not path or path[0] == 0:

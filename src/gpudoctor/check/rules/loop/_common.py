@@ -8,7 +8,7 @@ from typing import Iterable, Optional
 
 import libcst as cst
 
-from gpudoctor.check.facts import CallSite, FileFacts, FunctionFrame, IfFrame, LoopFrame, Scope, name_key
+from gpudoctor.check.facts import PASS_ITEMS, CallSite, FileFacts, FunctionFrame, IfFrame, LoopFrame, Scope, name_key
 
 _OPTIMIZER_NAME = re.compile(r"(^|[._])(opt|optim|optimizer|optimiser)s?(_\w+)?$|optimizer", re.IGNORECASE)
 _SCHEDULER_NAME = re.compile(r"sched", re.IGNORECASE)
@@ -273,8 +273,6 @@ def is_zero_grad(facts: FileFacts, site: CallSite) -> bool:
     return kind == "unknown" and ("model" in text or "net" in text)
 
 
-# Wrappers that hand on the items of their first argument unchanged (``tqdm(model.parameters())``).
-_PASSES_ITEMS = {"tqdm", "iter", "list", "track", "sorted", "reversed", "tuple", "trange"}
 
 
 def parameters_held_by(facts: FileFacts, name: cst.BaseExpression, order: int, scope: Scope) -> Optional[cst.BaseExpression]:
@@ -324,7 +322,7 @@ def _module_of_items(facts: FileFacts, iterable: cst.BaseExpression, order: int,
     called = facts.qualname(func) or ""
     local = isinstance(func, cst.Name) and called in ("", func.value)
     last = called.split(".")[-1] if called else (func.value if isinstance(func, cst.Name) else "")
-    if last in _PASSES_ITEMS and args and (local or called.split(".")[0] in ("tqdm", "rich")):
+    if last in PASS_ITEMS and args and (local or called.split(".")[0] in ("tqdm", "rich")):
         return _module_of_items(facts, args[0], order, scope, path, depth + 1)
     if last == "enumerate" and local and args and path and path[0] == 1:
         return _module_of_items(facts, args[0], order, scope, path[1:], depth + 1)
