@@ -64,5 +64,5 @@ __all__ = [
     "Frame", "FunctionFrame", "IfFrame", "LoopFrame", "Scope", "SubscriptAssignSite", "UNKNOWN", "Value",
     "WithFrame", "TRAIT_CAST", "TRAIT_DISPATCHED", "TRAIT_EMPTY", "TRAIT_FP16", "TRAIT_MOVED", "TRAIT_OFFLOADED",
     "TRAIT_PEFT", "TRAIT_PRECISION_CAST", "TRAIT_PREPARED", "TRAIT_QUANTIZED", "call_arg", "collect", "dotted", "int_value", "is_true",
-    "name_key", "string_value", "unwrap_iterable",
+    "name_key", "string_value", "unwrap_iterable", "PASS_ITEMS",
 ]
