@@ -778,14 +778,25 @@ class ExpressionValues:
                 for callee in self.callee_scopes(site):
                     for yielded in self.yields.get(id(callee), ()):
                         if yielded.kind == "yield from" and yielded.value is not None:
-                            return self.source_of(yielded.value, yielded.order, yielded.scope, depth + 1)
+                            return self._source_in_call(yielded.value, yielded.order, callee, site, depth)
                         for loop in reversed(self._loops_around(yielded)):
                             if loop.iter is not None:
-                                return self.source_of(loop.iter, loop.order, loop.scope, depth + 1)
+                                return self._source_in_call(loop.iter, loop.order, callee, site, depth)
                             pulled = self._next_in(loop)  # ``it = iter(dl)`` ... ``while True: yield next(it)``
                             if pulled is not None:
-                                return self.source_of(pulled.value.args[0].value, pulled.order, pulled.scope, depth + 1)
+                                return self._source_in_call(pulled.value.args[0].value, pulled.order, callee, site, depth)
         return iterable
+
+    def _source_in_call(self, iterable: cst.BaseExpression, order: int, callee: "Scope", site, depth: int) -> cst.BaseExpression:
+        """``source_of`` for what the generator ``callee`` iterates, as called by ``site``: its parameter stands
+        for the argument of this call (``_batches(model.parameters())``), not of the generator's first call."""
+        key = name_key(iterable)
+        binding = self.binding_at(key, order, callee) if key is not None else None
+        if binding is not None and binding.kind == "param" and isinstance(binding.target, cst.Param):
+            arg = self.argument_for(site, callee, binding.target)
+            if arg is not None:
+                return self.source_of(arg, site.order, site.scope, depth + 1)
+        return self.source_of(iterable, order, callee, depth + 1)
 
     def _loops_around(self, site) -> list:
         return [loop for loop in self.loops if loop.scope is site.scope and loop.order < site.order < loop.end_order]

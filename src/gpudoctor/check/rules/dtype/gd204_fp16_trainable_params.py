@@ -219,7 +219,7 @@ class Fp16TrainableParams(Rule):
                         owner = owner.value
                     if facts.value(owner, site.order, site.scope).kind == "model":
                         return True
-                call = receiver
+                call = facts.through_temporary(receiver)  # ``tmp = X.float()`` ... ``tmp.cuda()``
         return False
 
     @staticmethod

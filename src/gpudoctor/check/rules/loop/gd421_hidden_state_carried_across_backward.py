@@ -181,8 +181,9 @@ def _frozen(facts: FileFacts, site: CallSite) -> bool:
     for assign in facts.attribute_assigns:
         if assign.target.attr.value != "requires_grad" or not (isinstance(assign.value, cst.Name) and assign.value.value == "False"):
             continue
-        loops = [f for f in assign.context if isinstance(f, LoopFrame) and f.iter is not None]
-        if any(facts.module.code_for_node(f.iter).startswith(callee + ".") for f in loops):
+        # what the loop really iterates: ``enumerate(rnn.parameters())``, ``next(it)`` on ``iter(...)``, ...
+        iterated = [facts.iterated(f) for f in assign.context if isinstance(f, LoopFrame)]
+        if any(seen is not None and facts.module.code_for_node(seen[0]).startswith(callee + ".") for seen in iterated):
             return True
     return False
 

@@ -687,7 +687,7 @@ def cpu_tensor_mapping(facts: FileFacts, node: Optional[cst.CSTNode], order: int
     for loop in _nodes_of(scope.node, cst.For):
         if not binding.order < facts._position_of(loop.iter)[0] < order:
             continue
-        item_key = _items_loop_key(loop, key)
+        item_key = _items_loop_key(facts, loop, key, scope)
         for statement in _nodes_of(loop.body, cst.Assign):
             if len(statement.targets) != 1 or not _stores_into(statement.targets[0].target, key):
                 continue
@@ -713,15 +713,20 @@ def _nodes_of(root: cst.CSTNode, kind: type) -> list:
     return found
 
 
-def _items_loop_key(loop: cst.For, key: str) -> Optional[str]:
-    """``k`` for ``for k, v in key.items():`` (every entry of ``key`` is visited), else None."""
-    it = loop.iter
-    if not (isinstance(it, cst.Call) and isinstance(it.func, cst.Attribute) and it.func.attr.value == "items"
-            and name_key(it.func.value) == key and not it.args):
-        return None
-    target = loop.target
-    if isinstance(target, cst.Tuple) and len(target.elements) == 2 and isinstance(target.elements[0].value, cst.Name):
-        return target.elements[0].value.value
+def _items_loop_key(facts: FileFacts, loop: cst.For, key: str, scope: Scope) -> Optional[str]:
+    """``k`` for ``for k, v in key.items():`` (every entry of ``key`` is visited; also through ``enumerate``/
+    ``zip``/``tqdm``/the file's generators), else None."""
+    for name, bindings in scope.bindings.items():
+        for binding in bindings:
+            if binding.kind != "for" or binding.value is not loop.iter:
+                continue
+            found = loop_item_source(facts, loop.iter, binding.path, binding.order, scope)
+            if found is None or found[1] != (0,):
+                continue
+            items = found[0]
+            if (isinstance(items, cst.Call) and isinstance(items.func, cst.Attribute) and items.func.attr.value == "items"
+                    and name_key(items.func.value) == key and not items.args):
+                return name
     return None
 
 
@@ -1091,3 +1096,73 @@ def given_tensor_argument(call: cst.Call, class_name: str) -> bool:
 
 def _constant_name(node: cst.CSTNode) -> bool:
     return isinstance(node, cst.Name) and node.value in ("None", "True", "False")
+
+
+# Builtins/tqdm that hand the items of their first argument through unchanged.
+_PASS_ITEMS = {"tqdm", "iter", "list", "tuple", "sorted", "reversed"}
+
+
+def loop_item_source(facts: FileFacts, iterable, path: tuple[int, ...], order: int, scope: Scope, depth: int = 0):
+    """(the collection, the path inside one of its items, where it is read) for a loop iterable and the path of a
+    loop target inside its item:
+    ``enumerate(loader)`` at (1, 0) -> (loader, (0,)); ``zip(a, b)`` at (0, 1) -> (a, (1,)); names bound to
+    ``iter(loader)`` / ``tqdm(loader)`` are followed."""
+    while depth < 8:
+        depth += 1
+        if isinstance(iterable, cst.Name):
+            binding = facts.binding_at(iterable.value, order, scope)
+            if binding is not None and binding.kind == "assign" and isinstance(binding.value, cst.Call):
+                name = (facts.qualname(binding.value.func) or name_key(binding.value.func) or "").split(".")[-1]
+                if name in _PASS_ITEMS | {"enumerate", "zip"}:
+                    iterable, order, scope = binding.value, binding.order, binding.scope
+                    continue
+            return iterable, path, order, scope
+        if not isinstance(iterable, cst.Call):
+            return None
+        name = (facts.qualname(iterable.func) or name_key(iterable.func) or "").split(".")[-1]
+        args = [a.value for a in iterable.args if a.keyword is None and not a.star]
+        if name not in _PASS_ITEMS | {"enumerate", "zip"}:
+            relayed = _relayed_by_generator(facts, iterable)
+            if relayed is not None:  # ``for x, y in batches(loader)``: the file's generator yields its items
+                iterable, order, scope = relayed
+                continue
+            return iterable, path, order, scope  # ``for x, y in DataLoader(...)``
+        if not args or facts.binding_at(name, order, scope) is not None:
+            return None  # a function of the file's own that happens to share the name
+        if name == "enumerate":
+            if not path or path[0] != 1:
+                return None
+            iterable, path = args[0], path[1:]
+        elif name == "zip":
+            if not path or path[0] >= len(args):
+                return None
+            iterable, path = args[path[0]], path[1:]
+        else:
+            iterable = args[0]
+    return None
+
+
+def _relayed_by_generator(facts: FileFacts, call: cst.Call) -> Optional[tuple[cst.BaseExpression, int, Scope]]:
+    """(what it iterates, where) when ``call`` runs a generator of the file that yields each item of one loop
+    unchanged (``def batches(it): for item in it: yield item``), read through this call's argument for its
+    parameter; None for anything else (a generator that builds or changes its items)."""
+    site = facts.call_site(call)
+    callees = facts.callee_scopes(site) if site is not None and site.qualname is None else []
+    if len(callees) != 1:
+        return None
+    callee = callees[0]
+    yielded = facts.yields.get(id(callee), ())
+    if len(yielded) != 1 or yielded[0].kind == "yield from" or not isinstance(yielded[0].value, cst.Name):
+        return None
+    loops = [loop for loop in facts.loops if loop.scope is callee and loop.order < yielded[0].order < loop.end_order]
+    if len(loops) != 1 or loops[0].iter is None or not isinstance(loops[0].node.target, cst.Name):
+        return None
+    loop = loops[0]
+    if loop.node.target.value != yielded[0].value.value:
+        return None
+    key = name_key(loop.iter)
+    binding = facts.binding_at(key, loop.order, callee) if key is not None else None
+    if binding is not None and binding.kind == "param" and isinstance(binding.target, cst.Param):
+        argument = facts.argument_for(site, callee, binding.target)
+        return (argument, site.order, site.scope) if argument is not None else None
+    return loop.iter, loop.order, callee

@@ -30,6 +30,7 @@ from gpudoctor.check.rules.placement._common import (
     cpu_tensor_mapping,
     file_sets_default_device,
     holds_no_tensors,
+    loop_item_source,
     method_scopes,
     module_classes,
     on_accelerator,
@@ -43,8 +44,6 @@ _TRACING = {"torch.onnx.export": 1, "torch.jit.trace": 1}
 _CONTAINERS = {"Sequential", "ModuleList", "ModuleDict"}
 # ``torch.autograd.Variable``: a no-op wrapper that returns the tensor it is given.
 _VARIABLE = {"torch.autograd.Variable", "torch.autograd.variable.Variable"}
-# Builtins/tqdm that hand the items of their first argument through unchanged.
-_PASS_ITEMS = {"tqdm", "iter", "list", "tuple", "sorted", "reversed"}
 
 
 class CpuInputToMovedModel(Rule):
@@ -326,18 +325,23 @@ class CpuInputToMovedModel(Rule):
         if binding.kind == "unpack" and isinstance(iterable, cst.Name):
             # ``for i, data in enumerate(loader): inputs, labels = data`` (the CIFAR-10 tutorial): the loop item
             # unpacked in the body, when the name still holds the item the loop bound
+            # (also ``data = next(it)`` / ``i, data = next(it)`` in a ``while`` loop)
             item = facts.binding_at(iterable.value, binding.order, binding.scope)
-            if item is None or item.kind != "for" or item.value is None or item.scope is not binding.scope:
+            if item is None or item.value is None or item.scope is not binding.scope:
                 return None
-            binding, iterable, path = item, item.value, (*item.path, *path)
+            if item.kind == "for":
+                binding, iterable, path = item, item.value, (*item.path, *path)
+            elif item.kind in ("assign", "unpack") and _pulled_by_next(item.value):
+                binding, iterable, path = item, item.value.args[0].value, (*item.path, *path)
+            else:
+                return None
         elif binding.kind == "unpack":
-            if not (isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Name) and iterable.func.value == "next"
-                    and iterable.args):
+            if not _pulled_by_next(iterable):
                 return None
             iterable = iterable.args[0].value
         elif binding.kind != "for":
             return None
-        found = self._loader_and_path(facts, iterable, path, binding.order, binding.scope)
+        found = loop_item_source(facts, iterable, path, binding.order, binding.scope)
         if found is None:
             return None
         loader_expr, path, order, scope = found
@@ -371,7 +375,7 @@ class CpuInputToMovedModel(Rule):
         binding = facts.binding_at(arg.value, site.order, site.scope)
         if binding is None or binding.kind != "for" or binding.value is None:
             return None
-        found = self._loader_and_path(facts, binding.value, binding.path, binding.order, binding.scope)
+        found = loop_item_source(facts, binding.value, binding.path, binding.order, binding.scope)
         if found is None or found[1]:
             return None  # not the whole batch
         loader_expr, _path, order, scope = found
@@ -391,41 +395,6 @@ class CpuInputToMovedModel(Rule):
         return binding.target, (
             f"a batch from `{snippet(facts, loader_expr, 30)}`, whose collate function {described}, never moved on the way"
         )
-
-    @staticmethod
-    def _loader_and_path(facts: FileFacts, iterable, path: tuple[int, ...], order: int, scope: Scope, depth: int = 0):
-        """(the loader expression, the path inside one of its items, where it is read) for a loop iterable:
-        ``enumerate(loader)`` at (1, 0) -> (loader, (0,)); ``zip(a, b)`` at (0, 1) -> (a, (1,)); names bound to
-        ``iter(loader)`` / ``tqdm(loader)`` are followed."""
-        while depth < 8:
-            depth += 1
-            if isinstance(iterable, cst.Name):
-                binding = facts.binding_at(iterable.value, order, scope)
-                if binding is not None and binding.kind == "assign" and isinstance(binding.value, cst.Call):
-                    name = (facts.qualname(binding.value.func) or name_key(binding.value.func) or "").split(".")[-1]
-                    if name in _PASS_ITEMS | {"enumerate", "zip"}:
-                        iterable, order, scope = binding.value, binding.order, binding.scope
-                        continue
-                return iterable, path, order, scope
-            if not isinstance(iterable, cst.Call):
-                return None
-            name = (facts.qualname(iterable.func) or name_key(iterable.func) or "").split(".")[-1]
-            args = [a.value for a in iterable.args if a.keyword is None and not a.star]
-            if name not in _PASS_ITEMS | {"enumerate", "zip"}:
-                return iterable, path, order, scope  # ``for x, y in DataLoader(...)``
-            if not args or facts.binding_at(name, order, scope) is not None:
-                return None  # a function of the file's own that happens to share the name
-            if name == "enumerate":
-                if not path or path[0] != 1:
-                    return None
-                iterable, path = args[0], path[1:]
-            elif name == "zip":
-                if not path or path[0] >= len(args):
-                    return None
-                iterable, path = args[path[0]], path[1:]
-            else:
-                iterable = args[0]
-        return None
 
     def _cpu_dataset(self, facts: FileFacts, dataset, index: int, order: int, scope: Scope, depth: int = 0) -> Optional[str]:
         """How the dataset is known to yield CPU tensors at position ``index`` of its items: a torchvision dataset (no
@@ -535,6 +504,11 @@ def _variable_of_name(facts: FileFacts, binding) -> Optional[cst.Name]:
             and node.args[0].keyword is None and not node.args[0].star and isinstance(node.args[0].value, cst.Name):
         return node.args[0].value
     return None
+
+
+def _pulled_by_next(value: Optional[cst.CSTNode]) -> bool:
+    """``next(it)``: one item of ``it``."""
+    return isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "next" and bool(value.args)
 
 
 def _literal_scalar(facts: FileFacts, origin: cst.CSTNode) -> bool:
