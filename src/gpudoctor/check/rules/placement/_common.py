@@ -1008,6 +1008,14 @@ def _class_holds_no_tensors(facts: FileFacts, class_name: str, depth: int = 0) -
     """The file's ``nn.Module`` class (bases ``nn.Module`` or such classes of the file) whose methods store on
     ``self`` only literals, parameters with a literal default, and modules built without tensors; no
     ``nn.Parameter``/``register_buffer`` anywhere in it."""
+    cache = facts.__dict__.setdefault("_class_holds_no_tensors", {})  # each class body walked once per file and depth
+    key = (class_name, depth)
+    if key not in cache:
+        cache[key] = _decide_class_holds_no_tensors(facts, class_name, depth)
+    return cache[key]
+
+
+def _decide_class_holds_no_tensors(facts: FileFacts, class_name: str, depth: int) -> bool:
     scope = facts.classes.get(class_name)
     if depth > 3 or scope is None or not isinstance(scope.node, cst.ClassDef) or not facts.is_module_class(class_name):
         return False
