@@ -102,6 +102,8 @@ TRAINERS = {
     "trl.RewardTrainer",
     "trl.GRPOTrainer",
 }
+# Trainer methods a subclass overrides that the Trainer calls with its model as the first argument after ``self``.
+TRAINER_MODEL_HOOKS = {"compute_loss", "training_step", "prediction_step"}
 TRAINING_ARGS = {
     "transformers.TrainingArguments",
     "transformers.Seq2SeqTrainingArguments",

@@ -698,7 +698,9 @@ class ExpressionValues:
         return function.class_name if params and params[0] is param else None
 
     def param_arguments(self, binding: "Binding"):
-        """(argument, order, scope) for each call of the file that passes parameter ``binding``."""
+        """(argument, order, scope) for each call of the file that passes parameter ``binding``; for the ``model``
+        parameter of a Trainer hook the file overrides (``compute_loss(self, model, inputs)``), which the Trainer
+        calls with the model it was built with, the ``model=`` of each construction of the file's subclass."""
         function, param = binding.scope, binding.target
         if not isinstance(function.node, cst.FunctionDef) or not isinstance(param, cst.Param):
             return
@@ -706,6 +708,35 @@ class ExpressionValues:
             arg = self.argument_for(site, function, param)
             if arg is not None:
                 yield arg, site.order, site.scope
+        yield from self._trainer_hook_model(function, param)
+
+    def _trainer_hook_model(self, function: "Scope", param: cst.Param):
+        """``model`` of ``compute_loss``/``training_step``/``prediction_step`` (the first parameter after ``self``)
+        in the file's subclass of a transformers/trl Trainer: the ``model=`` (or first positional argument) of each
+        ``MyTrainer(...)`` call of the file (the Trainer hands its own model, wrapped only for DDP/DataParallel)."""
+        owner = function.class_name
+        if function.name not in apis.TRAINER_MODEL_HOOKS or not owner or function.parent is None or function.parent.kind != "class":
+            return
+        params = [*function.node.params.posonly_params, *function.node.params.params]
+        if len(params) < 2 or params[1] is not param or not self._trainer_subclass(owner):
+            return
+        classes = {owner, *(c for c in self.classes if owner in self._local_ancestors(c))}
+        for site in self.calls:
+            func = site.node.func
+            if site.qualname is None and isinstance(func, cst.Name) and func.value in classes:
+                arg = call_arg(site.node, 0, "model")
+                if arg is not None:
+                    yield arg, site.order, site.scope
+
+    def _trainer_subclass(self, class_name: str) -> bool:
+        """The file's class derives (directly or through its own classes) from a transformers/trl Trainer."""
+        for name in (class_name, *self._local_ancestors(class_name)):
+            scope = self.classes.get(name)
+            if scope is None or not isinstance(scope.node, cst.ClassDef):
+                continue
+            if any(apis.canonical(self.qualname(base.value) or "") in apis.TRAINERS for base in scope.node.bases):
+                return True
+        return False
 
     def argument_for(self, site: "CallSite", function: "Scope", param: cst.Param) -> Optional[cst.BaseExpression]:
         """The argument the call ``site`` of the file's function ``function`` passes for its parameter ``param``:

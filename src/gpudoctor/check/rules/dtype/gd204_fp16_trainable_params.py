@@ -61,7 +61,8 @@ class Fp16TrainableParams(Rule):
     """fp16 mixed precision (``TrainingArguments(fp16=True)``, ``Accelerator(mixed_precision="fp16")``,
     ``GradScaler``) while the *trained* parameters are float16: a full fine-tune of a
     ``dtype=torch.float16``/``.half()`` model, or peft with ``modules_to_save`` (the saved copy stays
-    fp16) or ``autocast_adapter_dtype=False``. The scaler refuses to unscale fp16 gradients. Plain LoRA
+    fp16) or ``autocast_adapter_dtype=False``, or a peft model cast to float16 after the wrap (``.half()`` reaches the
+    adapters). The scaler refuses to unscale fp16 gradients. Plain LoRA
     on an fp16 base is fine: peft upcasts the adapters to float32 by default."""
 
     code = "GD204"
@@ -94,6 +95,32 @@ class Fp16TrainableParams(Rule):
                 peft = value.carrier(TRAIT_PEFT)
             base = peft.base if peft is not None else value
             if base is None:
+                continue
+            # a cast of the wrapped model itself (not when the training call is the wrap: nothing sits above it)
+            recast = (
+                _cast_after_wrap(value, peft, precision_fp16)
+                if peft is not None and site.qualname not in apis.GET_PEFT_MODEL else None
+            )
+            if recast is not None:
+                origin = id(base.origin().node)
+                if origin in seen:
+                    continue
+                seen.add(origin)
+                yield self.report(
+                    site.node,
+                    f"{how} trains `{snippet(facts, node)}`, a peft model cast to float16 after it was wrapped "
+                    f"(`{snippet(facts, recast.node)}`), and {amp}: the cast reaches the LoRA adapters too (peft upcasts "
+                    f"them to float32 only when `get_peft_model` wraps the model), so the trained parameters are float16 "
+                    f"and the first optimizer step (or gradient clipping) raises \"{_UNSCALE}\"",
+                    fix_hint="Drop the cast after `get_peft_model` (load the base in float16 instead), or upcast the "
+                    "trainable parameters afterwards: `for p in model.parameters(): if p.requires_grad: p.data = p.data.float()`.",
+                    severity=Severity.ERROR,
+                    related=(
+                        (recast.node, "this casts the wrapped model, adapters included, to float16"),
+                        (peft.node, "the peft model is made here"),
+                        (amp_node, "fp16 AMP is turned on here"),
+                    ),
+                )
                 continue
             fp16 = _fp16_source(base, precision_fp16)
             if fp16 is None or _cast_on_other_branch(facts, fp16.node, node, site):
@@ -241,6 +268,19 @@ class Fp16TrainableParams(Rule):
         if task is not None and "SEQ_CLS" in facts.module.code_for_node(task):
             return "`task_type=SEQ_CLS` adds the classifier head to `modules_to_save`, a float16 copy", task
         return None
+
+
+def _cast_after_wrap(value: Value, peft: Value, precision_fp16: bool) -> Optional[Value]:
+    """The latest dtype cast applied to the peft model itself (between ``value`` and the wrap), if it is float16:
+    ``model = get_peft_model(model, config); model.half()`` casts the adapters get_peft_model had upcast."""
+    current: Optional[Value] = value
+    while current is not None and current is not peft:
+        if TRAIT_CAST in current.traits:
+            return current if current.traits[TRAIT_CAST][0] == "float16" else None
+        if TRAIT_PRECISION_CAST in current.traits:
+            return current if precision_fp16 else None
+        current = current.base
+    return None
 
 
 def _same_path(facts: FileFacts, cast: cst.CSTNode, site) -> bool:
