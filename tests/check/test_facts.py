@@ -868,3 +868,39 @@ def test_self_device_attribute_is_followed_as_a_device():
     )
     moves = [s for s in facts.calls if s.method == "to"]
     assert [accelerator_device(facts, s.arg(0), s.order, s.scope) for s in moves] == [True, False]
+
+
+def test_trainer_hook_model_and_trainer_model_are_the_model_given():
+    facts = facts_of(
+        """
+        from transformers import AutoModelForCausalLM, Trainer
+
+        class MyTrainer(Trainer):
+            def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
+                return consume(model)
+
+        model = AutoModelForCausalLM.from_pretrained("m", device_map="auto")
+        trainer = MyTrainer(model=model, args=args)
+        saved(trainer.model)
+        other(Trainer(model=model).model)
+        """
+    )
+    hook = value_at_call(facts, "consume")
+    assert hook.kind == "model" and hook.has(TRAIT_DISPATCHED)
+    assert value_at_call(facts, "saved").kind == "model"
+    assert value_at_call(facts, "other").kind == "unknown"  # not through a name: not followed
+
+
+def test_hook_model_parameter_of_a_plain_class_stays_unknown():
+    facts = facts_of(
+        """
+        from transformers import AutoModelForCausalLM
+
+        class Helper:
+            def compute_loss(self, model, inputs):
+                return consume(model)
+
+        helper = Helper()
+        """
+    )
+    assert value_at_call(facts, "consume").kind == "unknown"

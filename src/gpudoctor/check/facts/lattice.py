@@ -415,6 +415,10 @@ class ExpressionValues:
 
     def _attribute_value(self, node: cst.Attribute, order: int, scope: "Scope") -> Value:
         attr = node.attr.value
+        if attr == "model":
+            built = self._trainer_construction(node.value, order, scope)
+            if built is not None:  # ``trainer.model``: the model the Trainer (or the file's subclass) was built with
+                return self.value(call_arg(built.node, 0, "model"), built.order, built.scope)
         base = self.value(node.value, order, scope)
         if base.kind == "unknown":
             return UNKNOWN
@@ -435,6 +439,15 @@ class ExpressionValues:
         if base.kind == DIFFUSION_PIPELINE and attr in apis.DIFFUSION_PIPELINE_MODULES:
             return self._pipeline_component(node, base, order, scope)
         return UNKNOWN
+
+    def _trainer_construction(self, node: cst.BaseExpression, order: int, scope: "Scope") -> Optional["CallSite"]:
+        """The construction of a transformers/trl Trainer (or of the file's subclass of one) that the name ``node``
+        holds: its one plain assignment is that call."""
+        sources = self.follow_name(node, order, scope, params=False) if isinstance(node, cst.Name) else None
+        if not sources or len(sources) != 1 or not isinstance(sources[0][0], cst.Call):
+            return None
+        site = self.call_site(sources[0][0])
+        return site if site is not None and site in self.trainer_calls() else None
 
     def _evaluate_other_call(self, call: cst.Call, q: Optional[str], order: int, scope: "Scope", site) -> Value:
         """Calls that are not library constructors: torch functions, methods of known values, builtins that

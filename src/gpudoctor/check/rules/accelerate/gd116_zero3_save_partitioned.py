@@ -12,7 +12,7 @@ from gpudoctor.check.rule import Rule
 # ``zero_stage3_offload.json``, in code or in the launch command a comment gives), a config dict with ``"stage": 3``,
 # or a ``zero_stage=3`` / ``--zero_stage 3`` option.
 _ZERO3 = re.compile(
-    r"(?i)[\w./-]*(?:\bz3|_z3|zero[_-]?3|zero[_-]?stage[_-]?3|ds[_-]?stage[_-]?3|stage[_-]?3[_-]?config)[\w.-]*\.json"
+    r"(?i)[\w./-]*(?:\bz3|_z3|zero[_-]?3|zero[_-]?stage[_-]?3|ds[_-]?stage[_-]?3|stage[_-]?3[_-]?config)[\w.-]*\.(?:json|ya?ml)"
     r"|[\"']stage[\"']\s*:\s*3\b|zero_stage\s*=\s*3\b|--zero_stage[= ]3\b"
 )
 # What gathers the partitioned weights before a save (or saves them gathered): then the save is deliberate.

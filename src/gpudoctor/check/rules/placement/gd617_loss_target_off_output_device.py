@@ -30,6 +30,8 @@ _SAME_DEVICE = {
 _MOVES = {"to", "cuda", "cpu"}
 # ``CUDA_VISIBLE_DEVICES=0,1`` (a launch comment, an ``os.environ`` string): two or more devices listed.
 _VISIBLE = re.compile(r"CUDA_VISIBLE_DEVICES[\"']?\]?\s*[=:]\s*[\"']?(\d+(?:\s*,\s*\d+)+)")
+# A comment that says the script runs on several cards: "双卡", "两张卡"/"2块显卡", "多卡".
+_SEVERAL_CARDS = re.compile(r"双卡|[两2二]\s*[张块]\s*(?:显卡|卡|GPU)|多卡")
 
 
 class LossTargetOffOutputDevice(Rule):
@@ -38,7 +40,7 @@ class LossTargetOffOutputDevice(Rule):
     device: the output comes from the last module (``lm_head``) on the last GPU, the target from the batch on the
     first GPU (or the CPU), and the loss kernel refuses two devices. An explicit map with two or more GPUs is an
     error; an ``auto`` map (a warning) only when the file shows several GPUs (``CUDA_VISIBLE_DEVICES=0,1``, ``max_memory`` for two
-    GPUs, ``--gpus``): on one GPU it places everything there. The model may be the one a Trainer subclass's
+    GPUs, "双卡", ``--gpus``): on one GPU it places everything there. The model may be the one a Trainer subclass's
     ``compute_loss(self, model, inputs)`` receives. Silent when the target is moved to a tensor's ``.device``."""
 
     code = "GD617"
@@ -153,6 +155,12 @@ class LossTargetOffOutputDevice(Rule):
             return Severity.WARNING, (
                 f"`device_map={device_map.label or 'auto'}` spreads it over every visible GPU and the file runs it with "
                 f"`{visible.group(0).strip()}`"
+            )
+        cards = _SEVERAL_CARDS.search(facts.source)
+        if cards is not None:
+            return Severity.WARNING, (
+                f"`device_map={device_map.label or 'auto'}` spreads it over every visible GPU and the file runs it on "
+                f"several (\"{cards.group(0)}\")"
             )
         gpus_known = hardware.for_file(stated_gpus(facts.source, model_names=True))
         if gpus_known is not None and gpus_known.count >= 2:
