@@ -357,6 +357,15 @@ def test_snippets_pass_the_prefilter_and_say_what_they_assumed():
     assert finding.code == "GD110" and "Assumed `AutoModelForCausalLM` as `transformers.AutoModelForCausalLM`" in finding.message
 
 
+def test_a_well_known_module_name_used_as_an_object_is_not_assumed_to_be_the_module():
+    # ``optim`` in a cell is ``torch.optim`` when it builds an optimizer, but an optimizer when it steps.
+    module = facts_of("opt = optim.AdamW(model.parameters())\nprobe(opt)\n")
+    assert kind_at(module, "probe") == "optimizer" and "`optim` as `torch.optim`" in module.assumption_note
+    stepped = facts_of("for x in dl:\n    model(x).sum().backward()\n    optim.step()\n    optim.zero_grad()\n")
+    assert "optim" not in stepped.assumed_imports
+    assert not any(site.qualname == "torch.optim.step" for site in stepped.calls)
+
+
 def test_keyword_argument_through_kwargs_dicts() -> None:
     facts = facts_of(
         """

@@ -261,6 +261,14 @@ def is_diffusion_pipeline_load(qualname: Optional[str]) -> bool:
     return (name.endswith("Pipeline") or name.startswith("AutoPipelineFor")) and "Onnx" not in name and not name.startswith("Flax")
 
 
+# Well-known module names that scripts also give to an object: ``optim.zero_grad()`` is an optimizer named
+# ``optim``, not ``torch.optim``. A member from this table used on the unbound name refutes the module reading
+# (the name is then read by what it is used for, see ``FileFacts.assumed_instance``).
+MODULE_NAME_REFUTED_BY = {
+    "optim": frozenset({"zero_grad", "step", "param_groups", "state_dict", "load_state_dict", "add_param_group", "state"}),
+}
+
+
 # Names a snippet (a notebook cell, a forum post, a star import) uses without importing them: an unbound
 # name from this table is read as the library object it names, and findings say so.
 WELL_KNOWN_NAMES = {
