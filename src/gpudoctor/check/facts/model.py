@@ -692,6 +692,8 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
                     # ``model = model.half()`` in a notebook cell whose model came from an earlier cell: a name whose
                     # ``.parameters()`` the file takes is a module, whatever bound it
                     base = Value("model", receiver, {"assumed_module": name_key(receiver)})
+                if base.kind == "unknown" and isinstance(receiver, cst.Call) and site is not None:
+                    base = self._module_by_use(receiver, call, frozenset({method})) or base  # ``Darknet(cfg).to(dev)``
                 if base.kind in ("model", DIFFUSION_PIPELINE) and site is not None:
                     return self._moved_or_cast(base, site)
                 if base.kind == "unknown":
