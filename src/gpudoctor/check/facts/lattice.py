@@ -111,6 +111,7 @@ class ExpressionValues:
     def qualname(self, node) -> Optional[str]: ...  # pragma: no cover
     def binding_at(self, key, order, scope): ...  # pragma: no cover
     def _pipeline_component(self, node, pipeline, order, scope) -> Value: ...  # pragma: no cover
+    def trainer_base(self, class_name, depth=0) -> Optional[str]: ...  # pragma: no cover
 
     # ------------------------------------------------------------------ questions
 
@@ -726,6 +727,22 @@ class ExpressionValues:
             return None
         params = [*function.node.params.posonly_params, *function.node.params.params]
         return function.class_name if params and params[0] is param else None
+
+    def trainer_prepared_batch(self, binding: "Binding") -> bool:
+        """``binding`` is the batch parameter of ``compute_loss(self, model, inputs, ...)`` in the file's subclass
+        of a transformers/trl trainer: the trainer calls it with the batch its ``_prepare_inputs`` already moved to
+        the training device (``training_step`` and ``prediction_step`` receive the batch before that move)."""
+        function, param = binding.scope, binding.target
+        if binding.kind != "param" or not isinstance(function.node, cst.FunctionDef) or not isinstance(param, cst.Param):
+            return False
+        if function.node.name.value != "compute_loss" or function.parent is None or function.parent.kind != "class":
+            return False
+        if any(d.split(".")[-1] in ("staticmethod", "classmethod") for d in function.decorators):
+            return False
+        if self.trainer_base(function.parent.name) is None:
+            return False
+        params = [*function.node.params.posonly_params, *function.node.params.params]
+        return len(params) > 2 and params[2] is param  # (self, model, inputs, ...)
 
     def param_arguments(self, binding: "Binding"):
         """(argument, order, scope) for each call of the file that passes parameter ``binding``; for the ``model``

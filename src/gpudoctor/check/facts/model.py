@@ -45,6 +45,7 @@ from gpudoctor.check.facts.values import (
     TRAIT_PRECISION_CAST,
     TRAIT_MOVED,
     TRAIT_OFFLOADED,
+    TRAIT_FROZEN,
     TRAIT_PEFT,
     TRAIT_PREPARED,
     TRAIT_QUANTIZED,
@@ -648,9 +649,17 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
                 return self._dispatched(base, site) if site else base
             if q in apis.GET_PEFT_MODEL or q in apis.PEFT_LOADERS:
                 base = self.value(call_arg(call, 0, "model"), order, scope)
-                return Value("model", call, {TRAIT_PEFT: call}, base=base if base.kind == "model" else None)
+                traits: dict[str, Any] = {TRAIT_PEFT: call}
+                if q in apis.PEFT_LOADERS and _loads_frozen(call):
+                    traits[TRAIT_FROZEN] = call
+                return Value("model", call, traits, base=base if base.kind == "model" else None)
             if q in apis.PASSTHROUGH:
-                return self.value(call_arg(call, 0, "model"), order, scope)
+                base = self.value(call_arg(call, 0, "model"), order, scope)
+                if base.kind == "model" and base.carrier(TRAIT_PEFT) is not None:
+                    # peft 0.21 ``prepare_model_for_kbit_training`` starts with ``param.requires_grad = False`` for
+                    # every parameter: run over a PeftModel, it freezes the adapters too
+                    return Value("model", call, {TRAIT_FROZEN: call}, base=base)
+                return base
             if q in apis.DATA_PARALLEL or q in apis.DISTRIBUTED_DATA_PARALLEL:
                 base = self.value(call_arg(call, 0, "module"), order, scope)
                 return Value("model", call, {"wrapper": q}, base=base)
@@ -755,6 +764,10 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
         if self._fp16_dtype(dtype):
             traits[TRAIT_FP16] = dtype
         traits["class"] = owner
+        if owner.split(".")[-1].startswith("AutoPeftModel"):
+            traits[TRAIT_PEFT] = call  # peft's ``AutoPeftModelFor*.from_pretrained``: the base with the saved adapters
+            if _loads_frozen(call):
+                traits[TRAIT_FROZEN] = call
         conditions = self.keyword_conditions(call, order, scope)
         if TRAIT_QUANTIZED in traits:
             conditions |= self._conditional_names(qconfig, order, scope)
@@ -1030,3 +1043,11 @@ def _if_exp_leaves(node: cst.BaseExpression) -> list[cst.BaseExpression]:
     if isinstance(node, cst.IfExp):
         return [*_if_exp_leaves(node.body), *_if_exp_leaves(node.orelse)]
     return [node]
+
+
+def _loads_frozen(call: cst.Call) -> bool:
+    """A peft adapter loader (``PeftModel.from_pretrained``, ``AutoPeftModelFor*.from_pretrained``) without
+    ``is_trainable=True``: peft loads the adapter in inference mode, every parameter frozen (``is_trainable``
+    defaults to False). An ``is_trainable=`` the file computes is not decided here."""
+    flag = call_arg(call, keyword="is_trainable")
+    return flag is None or (isinstance(flag, cst.Name) and flag.value == "False")

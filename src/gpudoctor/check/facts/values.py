@@ -19,6 +19,9 @@ TRAIT_FP16 = "fp16"  # weights loaded or cast to float16
 TRAIT_PRECISION_CAST = "precision_cast"
 TRAIT_PEFT = "peft"  # wrapped by get_peft_model; detail: the call
 TRAIT_PREPARED = "prepared"  # returned by accelerator.prepare; detail: the prepare call
+# every parameter has requires_grad=False: a peft adapter loaded for inference (``PeftModel.from_pretrained`` without
+# ``is_trainable=True``) or ``prepare_model_for_kbit_training`` run over the adapters; detail: the call
+TRAIT_FROZEN = "frozen"
 
 
 @dataclass

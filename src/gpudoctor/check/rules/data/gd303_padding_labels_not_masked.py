@@ -39,6 +39,9 @@ class PaddingLabelsNotMasked(Rule):
 
     def check(self, facts: FileFacts):
         kind = language_model_kind(facts)
+        if kind == "seq2seq":
+            yield from self._padded_targets(facts)
+            return
         if not (kind == "causal" or kind is None and _pads_with_eos(facts)) or masks_labels_somewhere(facts):
             return
         # transformers' ``default_data_collator`` stacks the labels as given (it masks nothing): naming it, or passing
@@ -82,6 +85,40 @@ class PaddingLabelsNotMasked(Rule):
                 ),
             )
 
+    def _padded_targets(self, facts: FileFacts):
+        """Encoder-decoder labels that are the ``input_ids`` of a padded *target* tokenization
+        (``tokenizer(text_target=..., padding="max_length")``) stored as given, in a function that never writes
+        ``-100``: ``DataCollatorForSeq2Seq`` pads with ``label_pad_token_id`` only what it pads itself, so the pad ids
+        already in the labels are scored by the model's loss (``CrossEntropyLoss(ignore_index=-100)``)."""
+        for labels, order, scope in _stored_labels(facts):
+            call = ids_source(facts, labels, order, scope)
+            if call is None or not _target_tokenization(facts, call):
+                continue
+            padding = padding_of(facts, call)
+            if padding is None or (padding == "longest" and not _batched(facts, call)):
+                continue
+            if _MASKS.search(facts.module.code_for_node(scope.node) if scope.kind == "function" else facts.source):
+                continue  # ``[(t if t != tokenizer.pad_token_id else -100) for t in label]`` in the same function
+            length = max_length_of(facts, call)
+            padded = f"padded to `max_length={length}`" if padding == "max_length" and length else "padded"
+            yield self.report(
+                labels,
+                f"`{snippet(facts, labels)}` stores the target ids that `{snippet(facts, call.func)}(...)` {padded}, "
+                "and this function never sets the padding positions to -100: `DataCollatorForSeq2Seq` only uses "
+                "`label_pad_token_id` for padding it adds itself, so the pad ids already in the labels are scored by "
+                "the loss (the model learns to emit padding; summaries come out short or empty).",
+                fix_hint=(
+                    "Replace the pad ids: `[[(t if t != tokenizer.pad_token_id else -100) for t in ids] for ids in "
+                    "labels[\"input_ids\"]]`, or tokenize the targets without padding and let `DataCollatorForSeq2Seq` "
+                    "pad them with -100."
+                ),
+                related=(
+                    (call, "the targets are padded here"),
+                    *(((call_arg(call, keyword="padding"), "`padding=` asks for it here"),)
+                      if call_arg(call, keyword="padding") is not None else ()),
+                ),
+            )
+
     def _copies(self, facts: FileFacts) -> Iterator[tuple[cst.BaseExpression, cst.Call, int, Scope]]:
         """(labels expression, tokenizer call of the copied input_ids, order, scope)."""
         for group in dict_groups(facts):
@@ -115,6 +152,31 @@ class PaddingLabelsNotMasked(Rule):
             copied = ids_source(facts, site.value, site.order, site.scope)
             if encoding is not None and copied is encoding:
                 yield site.value, encoding, site.order, site.scope
+
+
+# Writing -100 (or an ignore index) in the function that builds the labels.
+_MASKS = re.compile(r"-\s*100\b|IGNORE_INDEX|ignore_index")
+
+
+def _stored_labels(facts: FileFacts) -> Iterator[tuple[cst.BaseExpression, int, Scope]]:
+    """(value, order, scope) stored as ``"labels"``: a dict display entry or ``enc["labels"] = value``."""
+    for group in dict_groups(facts):
+        labels = group.get("labels")
+        if labels is not None:
+            yield labels.value, labels.order, labels.scope
+    for site in facts.subscript_assigns:
+        target = site.target
+        if len(target.slice) == 1 and isinstance(target.slice[0].slice, cst.Index) \
+                and string_value(target.slice[0].slice.value) == "labels":
+            yield site.value, site.order, site.scope
+
+
+def _target_tokenization(facts: FileFacts, call: cst.Call) -> bool:
+    """``tokenizer(text_target=...)``, or a tokenizer call under ``with tokenizer.as_target_tokenizer():``."""
+    if call_arg(call, keyword="text_target") is not None:
+        return True
+    site = facts.call_site(call)
+    return site is not None and any(getattr(frame, "method", None) == "as_target_tokenizer" for frame in site.context)
 
 
 def _batched(facts: FileFacts, call: cst.Call) -> bool:

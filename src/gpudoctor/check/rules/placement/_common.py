@@ -825,6 +825,8 @@ def on_accelerator(facts: FileFacts, node: Optional[cst.CSTNode], order: int, sc
         return _returned_on_accelerator(facts, binding.value, binding.path, depth)  # ``x, y = get_batch(data, i)``
     if binding is not None and binding.kind == "for" and binding.value is not None:
         return _item_on_accelerator(facts, binding, depth)  # ``[s for s in batch.next_state if s is not None]``
+    if binding is not None and facts.trainer_prepared_batch(binding):
+        return binding.target  # ``compute_loss(self, model, inputs)``: the trainer moved the batch to its device
     return facts.through_name(lambda *source: on_accelerator(facts, *source, depth + 1), node, order, scope)
 
 

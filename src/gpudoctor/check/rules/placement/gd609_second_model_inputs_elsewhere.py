@@ -33,7 +33,7 @@ class SecondModelInputsElsewhere(Rule):
     name = "second-model-inputs-elsewhere"
     summary = "A second model (reference/teacher/reward) left on the CPU is fed inputs placed for the first"
     severity = Severity.ERROR
-    triggers = (".to(", ".cuda(")
+    triggers = (".to(", ".cuda(", "compute_loss")
 
     def check(self, facts: FileFacts):
         evidence = moves_to_accelerator(facts)
@@ -60,19 +60,38 @@ class SecondModelInputsElsewhere(Rule):
                 if target_model == b_key:
                     continue
                 placed_for = f" for `{target_model}`" if target_model else ""
-                severity = Severity.ERROR if evidence or target_model else Severity.WARNING
+                by_trainer = isinstance(move_call, cst.Param)  # ``compute_loss``'s batch: the trainer moved it
+                if by_trainer and _torch_module(facts, site):
+                    break  # a weighted ``nn.CrossEntropyLoss(weight=cpu_tensor)`` in ``compute_loss``: GD604 reports it
+                severity = Severity.ERROR if evidence or target_model or by_trainer else Severity.WARNING
+                mover = (
+                    "the trainer moves to its device before it calls `compute_loss`" if by_trainer
+                    else f"`{snippet(facts, move_call, 50)}` put on the device{placed_for}"
+                )
                 yield self.report(
                     site.node,
                     f"`{b_key}` is never placed (loaded on the CPU, not moved, not given a device map), but it is called "
-                    f"with `{snippet(facts, arg.value, 30)}`, which `{snippet(facts, move_call, 50)}` put on the device"
-                    f"{placed_for}; the forward mixes devices: \"Expected all tensors to be on the same device, but found "
-                    "at least two devices, cuda:0 and cpu!\"",
+                    f"with `{snippet(facts, arg.value, 30)}`, which {mover}; the forward mixes devices: \"Expected all "
+                    "tensors to be on the same device, but found at least two devices, cuda:0 and cpu!\"",
                     fix_hint=f"Place `{b_key}` too (`{b_key}.to(device)`, `device_map=`, or pass it to the trainer / "
                     "`accelerator.prepare`), or send its own inputs to its device.",
                     severity=severity,
-                    related=((move_call, "its input is placed here"),),
+                    related=self._related(facts, site, move_call),
                 )
                 break
+
+    @staticmethod
+    def _related(facts: FileFacts, site: CallSite, move_call: cst.CSTNode) -> tuple:
+        """Where its input is placed, and, for a model called through an attribute (``self.teacher``, stored from a
+        constructor argument), where it was loaded (``teacher = X.from_pretrained(...)``, followed through the
+        attribute and the parameters it was handed through): the line a fix changes."""
+        related = [(move_call, "its input is placed here")]
+        if not (name_key(site.node.func) or "").startswith("self."):
+            return tuple(related)
+        built = facts.built_by(site.node.func, site.order, site.scope)
+        if isinstance(built, cst.Call) and built is not site.node:
+            related.append((built, "the model is loaded here and never placed"))
+        return tuple(related)
 
     def _handed_over(self, facts: FileFacts, key: str, site: CallSite) -> bool:
         for call in facts.calls:
@@ -163,3 +182,9 @@ def _element(value: cst.BaseExpression, path: tuple[int, ...]) -> Optional[cst.B
             return None
         value = value.elements[index].value
     return value
+
+
+def _torch_module(facts: FileFacts, site: CallSite) -> bool:
+    """The called object is a ``torch.nn`` module built in the file (a loss, a layer), not a loaded model."""
+    built = facts.built_by(site.node.func, site.order, site.scope)
+    return isinstance(built, cst.Call) and (facts.qualname(built.func) or "").startswith("torch.nn.")
