@@ -757,15 +757,27 @@ class ExpressionValues:
                 yield arg, site.order, site.scope
         yield from self._trainer_hook_model(function, param)
 
+    def is_trainer_hook_model(self, binding: "Binding") -> bool:
+        """``binding`` is the ``model`` parameter of a Trainer hook the file overrides (``compute_loss(self, model,
+        inputs)``): the model the Trainer was built with, which the Trainer placed on its device."""
+        function, param = binding.scope, binding.target
+        if binding.kind != "param" or not isinstance(function.node, cst.FunctionDef) or not isinstance(param, cst.Param):
+            return False
+        return self._hook_model_param(function, param)
+
+    def _hook_model_param(self, function: "Scope", param: cst.Param) -> bool:
+        owner = function.class_name
+        if function.name not in apis.TRAINER_MODEL_HOOKS or not owner or function.parent is None or function.parent.kind != "class":
+            return False
+        params = [*function.node.params.posonly_params, *function.node.params.params]
+        return len(params) >= 2 and params[1] is param and self._trainer_subclass(owner)
+
     def _trainer_hook_model(self, function: "Scope", param: cst.Param):
         """``model`` of ``compute_loss``/``training_step``/``prediction_step`` (the first parameter after ``self``)
         in the file's subclass of a transformers/trl Trainer: the ``model=`` (or first positional argument) of each
         ``MyTrainer(...)`` call of the file (the Trainer hands its own model, wrapped only for DDP/DataParallel)."""
         owner = function.class_name
-        if function.name not in apis.TRAINER_MODEL_HOOKS or not owner or function.parent is None or function.parent.kind != "class":
-            return
-        params = [*function.node.params.posonly_params, *function.node.params.params]
-        if len(params) < 2 or params[1] is not param or not self._trainer_subclass(owner):
+        if not self._hook_model_param(function, param):
             return
         classes = {owner, *(c for c in self.classes if owner in self._local_ancestors(c))}
         for site in self.calls:

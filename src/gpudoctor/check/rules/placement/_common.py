@@ -545,6 +545,8 @@ def placement(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: 
     key = name_key(node)
     param = facts.binding_at(key, order, scope) if key is not None else None
     if param is not None and param.kind == "param":  # handed in: where the caller's argument is
+        if facts.is_trainer_hook_model(param):
+            return "placed"  # ``compute_loss(self, model, ...)``: the Trainer's own model, on its device
         passed = facts.param_argument(param)
         return placement(facts, *passed, depth + 1, expect_module) if passed is not None else None
     binding = facts.assignment_of(node, order, scope)
