@@ -50,6 +50,7 @@ from gpudoctor.check.facts.values import (
     TRAIT_FP16,
     TRAIT_MOVED,
     TRAIT_OFFLOADED,
+    TRAIT_FROZEN,
     TRAIT_PEFT,
     TRAIT_PRECISION_CAST,
     TRAIT_PREPARED,
@@ -63,6 +64,6 @@ __all__ = [
     "AttributeAssignSite", "AugAssignSite", "Binding", "CallSite", "DeviceMap", "DictContents", "DictEntry", "DictEntrySite", "FileFacts", "FollowedCall",
     "Frame", "FunctionFrame", "IfFrame", "LoopFrame", "Scope", "SubscriptAssignSite", "UNKNOWN", "Value",
     "WithFrame", "TRAIT_CAST", "TRAIT_DISPATCHED", "TRAIT_EMPTY", "TRAIT_FP16", "TRAIT_MOVED", "TRAIT_OFFLOADED",
-    "TRAIT_PEFT", "TRAIT_PRECISION_CAST", "TRAIT_PREPARED", "TRAIT_QUANTIZED", "call_arg", "collect", "dotted", "int_value", "is_true",
+    "TRAIT_FROZEN", "TRAIT_PEFT", "TRAIT_PRECISION_CAST", "TRAIT_PREPARED", "TRAIT_QUANTIZED", "call_arg", "collect", "dotted", "int_value", "is_true",
     "name_key", "string_value", "unwrap_iterable", "PASS_ITEMS",
 ]

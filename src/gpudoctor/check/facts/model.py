@@ -45,6 +45,7 @@ from gpudoctor.check.facts.values import (
     TRAIT_PRECISION_CAST,
     TRAIT_MOVED,
     TRAIT_OFFLOADED,
+    TRAIT_FROZEN,
     TRAIT_PEFT,
     TRAIT_PREPARED,
     TRAIT_QUANTIZED,
@@ -640,9 +641,17 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
                 return self._dispatched(base, site) if site else base
             if q in apis.GET_PEFT_MODEL or q in apis.PEFT_LOADERS:
                 base = self.value(call_arg(call, 0, "model"), order, scope)
-                return Value("model", call, {TRAIT_PEFT: call}, base=base if base.kind == "model" else None)
+                traits = {TRAIT_PEFT: call}
+                if q in apis.PEFT_LOADERS and _loads_adapter_frozen(call):
+                    traits[TRAIT_FROZEN] = call
+                return Value("model", call, traits, base=base if base.kind == "model" else None)
             if q in apis.PASSTHROUGH:
-                return self.value(call_arg(call, 0, "model"), order, scope)
+                inner = self.value(call_arg(call, 0, "model"), order, scope)
+                if q in apis.FREEZE_ALL and inner.kind == "model" and inner.has(TRAIT_PEFT):
+                    # prepare_model_for_kbit_training sets requires_grad=False on every parameter it is given: given
+                    # the model with its adapters, it freezes the adapters too
+                    return Value("model", call, {TRAIT_FROZEN: call}, base=inner)
+                return inner
             if q in apis.DATA_PARALLEL or q in apis.DISTRIBUTED_DATA_PARALLEL:
                 base = self.value(call_arg(call, 0, "module"), order, scope)
                 return Value("model", call, {"wrapper": q}, base=base)
@@ -1020,3 +1029,17 @@ def _if_exp_leaves(node: cst.BaseExpression) -> list[cst.BaseExpression]:
     if isinstance(node, cst.IfExp):
         return [*_if_exp_leaves(node.body), *_if_exp_leaves(node.orelse)]
     return [node]
+
+
+def _loads_adapter_frozen(call: cst.Call) -> bool:
+    """``PeftModel.from_pretrained(model, model_id, ...)`` that loads the adapter for inference: peft 0.21's
+    ``is_trainable`` defaults to False, which sets ``inference_mode`` and leaves every adapter weight frozen. Not
+    when ``is_trainable`` is given anything but a literal False, as the fourth positional argument, or through
+    ``**kwargs``."""
+    positional = [a for a in call.args if a.keyword is None]
+    if any(a.star for a in call.args) or len(positional) >= 4:
+        return False
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "is_trainable":
+            return isinstance(arg.value, cst.Name) and arg.value.value == "False"
+    return True
