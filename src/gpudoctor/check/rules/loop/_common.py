@@ -162,6 +162,11 @@ def _receiver_text(node: cst.CSTNode) -> Optional[str]:
     return None
 
 
+def trainer_trains(facts: FileFacts) -> bool:
+    """A transformers/trl trainer's ``.train()`` is called somewhere in the file."""
+    return any(facts.value(c.receiver, c.order, c.scope).kind == "trainer" for c in facts.method_calls("train"))
+
+
 def is_backward(facts: FileFacts, site: CallSite) -> bool:
     """``loss.backward()``, ``scaler.scale(loss).backward()``, ``accelerator.backward(loss)``, ``torch.autograd.backward``."""
     if site.qualname == "torch.autograd.backward":

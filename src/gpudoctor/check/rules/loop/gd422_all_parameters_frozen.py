@@ -9,7 +9,7 @@ from gpudoctor.check.facts import FileFacts, IfFrame, LoopFrame, call_arg, name_
 from gpudoctor.check.facts.nodes import walk
 from gpudoctor.check.queries import parameters_owner, snippet, trained_models
 from gpudoctor.check.rule import Rule
-from gpudoctor.check.rules.loop._common import is_backward, parameters_held_by
+from gpudoctor.check.rules.loop._common import is_backward, parameters_held_by, trainer_trains
 
 # Calls that take the model without adding or unfreezing parameters: an optimizer reads them, a wrapper scatters
 # them, ``print``/``len`` look at them.
@@ -83,7 +83,7 @@ class AllParametersFrozen(Rule):
         ``is_trainable=True``; ``prepare_model_for_kbit_training`` given the model with its adapters) handed to a
         Trainer that trains it, or to an optimizer in a file that calls ``backward()``."""
         backward = any(is_backward(facts, c) for c in facts.calls)
-        trains = any(facts.value(c.receiver, c.order, c.scope).kind == "trainer" for c in facts.method_calls("train"))
+        trains = trainer_trains(facts)
         reported: set[int] = set()
         for node, site, how in trained_models(facts):
             if site.qualname in apis.GET_PEFT_MODEL:
