@@ -357,6 +357,36 @@ def test_snippets_pass_the_prefilter_and_say_what_they_assumed():
     assert finding.code == "GD110" and "Assumed `AutoModelForCausalLM` as `transformers.AutoModelForCausalLM`" in finding.message
 
 
+def test_a_well_known_module_name_used_as_an_object_is_not_assumed_to_be_the_module():
+    # ``optim`` in a cell is ``torch.optim`` when it builds an optimizer, but an optimizer when it steps.
+    module = facts_of("opt = optim.AdamW(model.parameters())\nprobe(opt)\n")
+    assert kind_at(module, "probe") == "optimizer" and "`optim` as `torch.optim`" in module.assumption_note
+    stepped = facts_of("for x in dl:\n    model(x).sum().backward()\n    optim.step()\n    optim.zero_grad()\n")
+    assert "optim" not in stepped.assumed_imports
+    assert not any(site.qualname == "torch.optim.step" for site in stepped.calls)
+
+
+def test_an_instance_of_an_unseen_class_is_a_module_when_used_as_one():
+    shown = facts_of(
+        """
+        from models import Darknet, Tracker
+        from .nets import Head
+        a = Darknet(cfg)
+        a.load_state_dict(sd)
+        a.to(device)
+        b = Head().cuda()
+        b.eval()
+        c = Tracker(cfg)
+        c.to(device)
+        d = Tracker(cfg).cuda()
+        e = Head()
+        print(e.named_parameters())
+        probe_a(a); probe_b(b); probe_c(c); probe_d(d); probe_e(e)
+        """
+    )
+    assert [kind_at(shown, f"probe_{k}") for k in "abcde"] == ["model", "model", "unknown", "unknown", "model"]
+
+
 def test_keyword_argument_through_kwargs_dicts() -> None:
     facts = facts_of(
         """

@@ -264,6 +264,32 @@ def is_diffusion_pipeline_load(qualname: Optional[str]) -> bool:
     return (name.endswith("Pipeline") or name.startswith("AutoPipelineFor")) and "Onnx" not in name and not name.startswith("Flax")
 
 
+# Well-known module names that scripts also give to an object: ``optim.zero_grad()`` is an optimizer named
+# ``optim``, not ``torch.optim``. A member from this table used on the unbound name refutes the module reading
+# (the name is then read by what it is used for, see ``FileFacts.assumed_instance``).
+MODULE_NAME_REFUTED_BY = {
+    "optim": frozenset({"zero_grad", "step", "param_groups", "state_dict", "load_state_dict", "add_param_group", "state"}),
+}
+
+
+# Members only a ``torch.nn.Module`` has (an optimizer has ``state_dict``/``zero_grad`` too, a tensor ``to``/
+# ``cuda``, a DataFrame ``eval``): one of ``MODULE_ONLY_MEMBERS``, or one of each ``MODULE_MEMBER_PAIRS`` side, shows
+# that an object of a class the file does not show is a module.
+MODULE_ONLY_MEMBERS = frozenset({
+    "parameters", "named_parameters", "modules", "named_modules", "children", "named_children", "buffers",
+    "named_buffers", "register_forward_hook", "register_forward_pre_hook", "register_buffer", "requires_grad_",
+})
+MODULE_MEMBER_PAIRS = (frozenset({"load_state_dict", "eval", "train"}), frozenset({"to", "cuda", "half", "eval", "train"}))
+
+
+def used_as_module(members: set[str]) -> bool:
+    """``members`` (what a name is used with) show an ``nn.Module``."""
+    if members & MODULE_ONLY_MEMBERS:
+        return True
+    first, second = MODULE_MEMBER_PAIRS
+    return any(a != b for a in members & first for b in members & second)
+
+
 # Names a snippet (a notebook cell, a forum post, a star import) uses without importing them: an unbound
 # name from this table is read as the library object it names, and findings say so.
 WELL_KNOWN_NAMES = {

@@ -449,7 +449,7 @@ class ExpressionValues:
                 return self._copied_model(call, order, scope)
             if _builds_vision_model(parts):
                 return Value("model", call, {"class": parts[-1], "module": True})
-            return UNKNOWN
+            return self._module_by_use(call, call) or UNKNOWN
         transformed = self._transformed_tensor(call, order, scope)
         if transformed is not None:
             return transformed
@@ -575,7 +575,24 @@ class ExpressionValues:
             return Value(MODEL_OUTPUT, call, {"model": callee})
         if callee.kind == "tokenizer":
             return Value(TOKENIZER_OUTPUT, call)
+        if isinstance(func, cst.Name) and func.value not in self.classes and self.binding_at(func.value, site.order, site.scope) is None:
+            return self._module_by_use(call, call) or UNKNOWN  # a class imported relatively or from a star import
         return UNKNOWN
+
+    def _module_by_use(self, call: cst.Call, bound: cst.CSTNode, chained: frozenset = frozenset()) -> Optional[Value]:
+        """An instance of a class the file does not show (``Darknet(cfg)`` from the project's own ``models``) is a
+        module when a name bound to ``bound`` (the call, or a move/cast of it) is used as only an ``nn.Module`` is:
+        ``.parameters()``, ``.named_modules()``, ``.register_forward_hook()``..., or both a state-dict load or a
+        mode switch and a move (``net.load_state_dict(sd); net.to(device)``). ``chained``: the methods called on the
+        call itself before the binding (``Darknet(cfg).to(device)``)."""
+        name = dotted(call.func) or ""
+        class_name = name.rsplit(".", 1)[-1]
+        if not class_name[:1].isupper() or class_name.isupper():
+            return None  # a function, or a CONSTANT-like callable: not a class
+        for binding in self._bindings_by_value.get(id(bound), ()):
+            if apis.used_as_module(self.member_uses.get(binding.key, set()) | chained):
+                return Value("model", call, {"class": class_name, "module": True, "by_use": binding.key})
+        return None
 
     # ------------------------------------------------------------------ bindings that are not plain assignments
 

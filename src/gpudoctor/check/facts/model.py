@@ -147,7 +147,7 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
             if q is None and node.value not in self._bound_names and self.star_imports:
                 q = apis.star_imported(node.value, self.star_imports)
             if q is None and node.value not in self._bound_names:
-                known = apis.WELL_KNOWN_NAMES.get(node.value) or self._well_known_class(node.value)
+                known = self._well_known_name(node.value) or self._well_known_class(node.value)
                 if known:
                     q = self.assumed_imports[node.value] = known
             return apis.canonical(q) if q else None
@@ -157,6 +157,13 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
         if type(node) is cst.Call:  # ``torch.no_grad()`` used as a context manager
             return None
         return None
+
+    def _well_known_name(self, name: str) -> Optional[str]:
+        """The library object an unbound well-known name stands for, unless its uses refute it (``optim.step()``)."""
+        refuting = apis.MODULE_NAME_REFUTED_BY.get(name)
+        if refuting is not None and self.member_uses.get(name, set()) & refuting:
+            return None
+        return apis.WELL_KNOWN_NAMES.get(name)
 
     def _well_known_class(self, name: str) -> Optional[str]:
         """A model-class-like name, unless a star import from another package may define it."""
@@ -173,7 +180,8 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
         if cache in self._instance_cache:
             return self._instance_cache[cache]
         profile = None
-        if (unbound_here or key not in self._bound_names) and key not in self.imports and key not in apis.WELL_KNOWN_NAMES:
+        if (unbound_here or key not in self._bound_names) and key not in self.imports and \
+                (key not in apis.WELL_KNOWN_NAMES or self._well_known_name(key) is None):
             attr = key[5:] if key.startswith("self.") else key
             if "." not in attr:
                 profile = apis.instance_profile(attr, self.member_uses.get(key, set()))
@@ -693,6 +701,8 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
                     # ``model = model.half()`` in a notebook cell whose model came from an earlier cell: a name whose
                     # ``.parameters()`` the file takes is a module, whatever bound it
                     base = Value("model", receiver, {"assumed_module": name_key(receiver)})
+                if base.kind == "unknown" and isinstance(receiver, cst.Call) and site is not None:
+                    base = self._module_by_use(receiver, call, frozenset({method})) or base  # ``Darknet(cfg).to(dev)``
                 if base.kind in ("model", DIFFUSION_PIPELINE) and site is not None:
                     return self._moved_or_cast(base, site)
                 if base.kind == "unknown":

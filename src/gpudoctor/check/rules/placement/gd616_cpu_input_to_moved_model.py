@@ -52,7 +52,8 @@ class CpuInputToMovedModel(Rule):
     ``torch.from_numpy(obs)``), views and arithmetic of one, through names, parameters and the file's helpers, or a
     part of a ``DataLoader`` batch whose dataset is known to yield CPU tensors and that the loop never moves.
     Silent for models that move their inputs (device-map dispatch, ``accelerator.prepare``, ``DataParallel``/DDP),
-    for classes whose ``forward`` the file does not show, for a call in the other branch of the ``if`` that moves the
+    for classes whose ``forward`` the file does not show (a warning when the file uses one as a module:
+    ``net.load_state_dict(sd); net.to(device)``), for a call in the other branch of the ``if`` that moves the
     model, and when the
     file calls ``torch.set_default_device``."""
 
@@ -95,16 +96,21 @@ class CpuInputToMovedModel(Rule):
                     break
                 model_text = snippet(facts, model_expr, 30)
                 input_text = snippet(facts, arg, 40)
+                unseen = (
+                    f"unless `{model.trait('class')}.forward` (not in this file) moves its inputs itself, "
+                    if model.has("by_use") else ""
+                )
                 yield self.report(
                     site.node,
                     f"`{model_text}` is on an accelerator (`{snippet(facts, move, 50)}`), but its input "
-                    f"`{input_text}` is on the CPU ({why}): a module does not move its inputs, so torch raises (on CUDA) "
+                    f"`{input_text}` is on the CPU ({why}): {unseen}a module does not move its inputs, so torch raises (on CUDA) "
                     "\"RuntimeError: Expected all tensors to be on the same device, but found at least two devices, "
                     "cuda:0 and cpu!\" (a convolution: \"Input type (torch.FloatTensor) and weight type "
                     "(torch.cuda.FloatTensor) should be the same ...\")",
                     fix_hint=f"Move the input to the model's device first: `{input_text}.to(device)` (or create it with "
                     "`device=`).",
                     related=((move, f"`{model_text}` is moved to an accelerator here"), (origin, "the input is made on the CPU here")),
+                    severity=Severity.WARNING if unseen else None,
                 )
                 break
 
@@ -188,6 +194,10 @@ class CpuInputToMovedModel(Rule):
             return False
         if holds_no_tensors(facts, site.node.func, site.order, site.scope) or "forward_pre_hook" in facts.source:
             return False  # a forward pre-hook may move the inputs
+        if model.has("by_use"):
+            # a class of the project's own modules (``from models import Darknet``), known a module by its use: its
+            # forward is not shown, but model code rarely moves its inputs; reported as a warning that says so
+            return True
         origin = model.origin().node
         q = facts.qualname(origin.func) if isinstance(origin, cst.Call) else None
         if class_name in module_classes(facts) and q is None:
