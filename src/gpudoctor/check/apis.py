@@ -50,6 +50,9 @@ INFER_DEVICE_MAP = {"accelerate.infer_auto_device_map"}
 GET_PEFT_MODEL = {"peft.get_peft_model"}
 PEFT_LOADERS = {"peft.PeftModel.from_pretrained", "peft.PeftModelForCausalLM.from_pretrained"}
 PASSTHROUGH = {"peft.prepare_model_for_kbit_training"}
+# peft 0.21 other.py: ``for name, param in model.named_parameters(): param.requires_grad = False``, then only casts
+FREEZE_ALL = {"peft.prepare_model_for_kbit_training"}
+
 # diffusers' helper that upcasts a model's trainable (requires_grad) parameters, float32 by default
 # (diffusers training_utils.cast_training_params(model, dtype=torch.float32)): the examples' fix for fp16 LoRA layers.
 UPCAST_TRAINABLE = {"diffusers.training_utils.cast_training_params"}

@@ -194,6 +194,11 @@ def parameters_owner(facts: FileFacts, params: Optional[cst.BaseExpression], ord
     owner = _parameters_owner(params)
     if owner is not None:
         return owner
+    if isinstance(params, cst.BooleanOperation):  # ``trainable or model.parameters()``: either side, one module
+        sides = [parameters_owner(facts, side, order, scope, depth + 1) for side in (params.left, params.right)]
+        if all(side is not None for side in sides) and len({dotted(side) for side in sides}) == 1:
+            return sides[0]
+        return None
     if isinstance(params, (cst.List, cst.Tuple)) and params.elements:
         owners = []
         for element in params.elements:

@@ -649,17 +649,17 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
                 return self._dispatched(base, site) if site else base
             if q in apis.GET_PEFT_MODEL or q in apis.PEFT_LOADERS:
                 base = self.value(call_arg(call, 0, "model"), order, scope)
-                traits: dict[str, Any] = {TRAIT_PEFT: call}
-                if q in apis.PEFT_LOADERS and _loads_frozen(call):
+                traits = {TRAIT_PEFT: call}
+                if q in apis.PEFT_LOADERS and _loads_adapter_frozen(call):
                     traits[TRAIT_FROZEN] = call
                 return Value("model", call, traits, base=base if base.kind == "model" else None)
             if q in apis.PASSTHROUGH:
-                base = self.value(call_arg(call, 0, "model"), order, scope)
-                if base.kind == "model" and base.carrier(TRAIT_PEFT) is not None:
-                    # peft 0.21 ``prepare_model_for_kbit_training`` starts with ``param.requires_grad = False`` for
-                    # every parameter: run over a PeftModel, it freezes the adapters too
-                    return Value("model", call, {TRAIT_FROZEN: call}, base=base)
-                return base
+                inner = self.value(call_arg(call, 0, "model"), order, scope)
+                if q in apis.FREEZE_ALL and inner.kind == "model" and inner.has(TRAIT_PEFT):
+                    # prepare_model_for_kbit_training sets requires_grad=False on every parameter it is given: given
+                    # the model with its adapters, it freezes the adapters too
+                    return Value("model", call, {TRAIT_FROZEN: call}, base=inner)
+                return inner
             if q in apis.DATA_PARALLEL or q in apis.DISTRIBUTED_DATA_PARALLEL:
                 base = self.value(call_arg(call, 0, "module"), order, scope)
                 return Value("model", call, {"wrapper": q}, base=base)
@@ -766,7 +766,7 @@ class FileFacts(DictContentsQueries, ContainerItems, ExpressionValues):
         traits["class"] = owner
         if owner.split(".")[-1].startswith("AutoPeftModel"):
             traits[TRAIT_PEFT] = call  # peft's ``AutoPeftModelFor*.from_pretrained``: the base with the saved adapters
-            if _loads_frozen(call):
+            if _loads_adapter_frozen(call):
                 traits[TRAIT_FROZEN] = call
         conditions = self.keyword_conditions(call, order, scope)
         if TRAIT_QUANTIZED in traits:
@@ -1045,9 +1045,15 @@ def _if_exp_leaves(node: cst.BaseExpression) -> list[cst.BaseExpression]:
     return [node]
 
 
-def _loads_frozen(call: cst.Call) -> bool:
-    """A peft adapter loader (``PeftModel.from_pretrained``, ``AutoPeftModelFor*.from_pretrained``) without
-    ``is_trainable=True``: peft loads the adapter in inference mode, every parameter frozen (``is_trainable``
-    defaults to False). An ``is_trainable=`` the file computes is not decided here."""
-    flag = call_arg(call, keyword="is_trainable")
-    return flag is None or (isinstance(flag, cst.Name) and flag.value == "False")
+def _loads_adapter_frozen(call: cst.Call) -> bool:
+    """``PeftModel.from_pretrained(model, model_id, ...)`` that loads the adapter for inference: peft 0.21's
+    ``is_trainable`` defaults to False, which sets ``inference_mode`` and leaves every adapter weight frozen. Not
+    when ``is_trainable`` is given anything but a literal False, as the fourth positional argument, or through
+    ``**kwargs``."""
+    positional = [a for a in call.args if a.keyword is None]
+    if any(a.star for a in call.args) or len(positional) >= 4:
+        return False
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "is_trainable":
+            return isinstance(arg.value, cst.Name) and arg.value.value == "False"
+    return True

@@ -18,10 +18,10 @@ TRAIT_FP16 = "fp16"  # weights loaded or cast to float16
 # ``if accelerator.mixed_precision == "fp16": weight_dtype = torch.float16``); detail: node
 TRAIT_PRECISION_CAST = "precision_cast"
 TRAIT_PEFT = "peft"  # wrapped by get_peft_model; detail: the call
-TRAIT_PREPARED = "prepared"  # returned by accelerator.prepare; detail: the prepare call
-# every parameter has requires_grad=False: a peft adapter loaded for inference (``PeftModel.from_pretrained`` without
-# ``is_trainable=True``) or ``prepare_model_for_kbit_training`` run over the adapters; detail: the call
+# every parameter left with requires_grad=False: an adapter loaded for inference (PeftModel.from_pretrained without
+# is_trainable=True), prepare_model_for_kbit_training applied to a model that already has its adapters; detail: the call
 TRAIT_FROZEN = "frozen"
+TRAIT_PREPARED = "prepared"  # returned by accelerator.prepare; detail: the prepare call
 
 
 @dataclass
@@ -73,6 +73,18 @@ class Value:
 
     def derive(self, node: cst.CSTNode, **traits: Any) -> "Value":
         return Value(self.kind, node, dict(traits), base=self)
+
+    def frozen_by(self) -> Optional[cst.CSTNode]:
+        """The call that left every parameter of this model frozen, when nothing in the chain above it adds
+        trainable parameters again (``get_peft_model`` over a frozen model trains its new adapters)."""
+        value: Optional[Value] = self
+        while value is not None:
+            if TRAIT_FROZEN in value.traits:
+                return value.traits[TRAIT_FROZEN]
+            if TRAIT_PEFT in value.traits:
+                return None
+            value = value.base
+        return None
 
     def origin(self) -> "Value":
         value = self

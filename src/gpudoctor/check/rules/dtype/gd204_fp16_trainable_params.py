@@ -41,6 +41,17 @@ def _tiny_eps(eps: Optional[cst.BaseExpression], default: float) -> bool:
         return False
 
 
+def _dtype_argument(node: cst.CSTNode) -> cst.CSTNode:
+    """Where the float16 dtype is written: the ``dtype=``/``torch_dtype=`` argument of the load call (the user fixes
+    it there), else the node itself (``.half()``, ``.to(torch.float16)``)."""
+    if isinstance(node, cst.Call):
+        for keyword in ("torch_dtype", "dtype"):
+            arg = call_arg(node, keyword=keyword)
+            if arg is not None:
+                return arg
+    return node
+
+
 def _fp16_source(value: Value, precision_fp16: bool = False) -> Optional[Value]:
     """The value whose dtype decides the model's weights, if that dtype is float16 (latest cast wins). A cast to
     the mixed-precision dtype (``.to(device, dtype=weight_dtype)``) is float16 when ``precision_fp16``: the file's
@@ -130,7 +141,7 @@ class Fp16TrainableParams(Rule):
             origin = id(base.origin().node)
             if origin in seen:
                 continue
-            related = [(fp16.node, "the weights are loaded in float16 here")]
+            related = [(_dtype_argument(fp16.node), "the weights are loaded in float16 here")]
             if peft is not None:
                 found_reason = self._peft_fp16_reason(facts, peft.node)
                 if found_reason is None:

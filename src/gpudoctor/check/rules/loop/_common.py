@@ -162,6 +162,25 @@ def _receiver_text(node: cst.CSTNode) -> Optional[str]:
     return None
 
 
+def trainer_trains(facts: FileFacts) -> bool:
+    """A transformers/trl trainer's ``.train()`` is called somewhere in the file."""
+    return any(facts.value(c.receiver, c.order, c.scope).kind == "trainer" for c in facts.method_calls("train"))
+
+
+def trainer_trained(facts: FileFacts, site: CallSite) -> bool:
+    """The trainer the construction ``site`` builds has ``.train()`` called on it (through a name, or on the
+    construction itself: ``DPOTrainer(...).train()``); a trainer only evaluated trains nothing."""
+    for call in facts.method_calls("train"):
+        if call.receiver is None or call.order <= site.order:
+            continue
+        if call.receiver is site.node:
+            return True
+        value = facts.value(call.receiver, call.order, call.scope)
+        if value.kind == "trainer" and value.node is site.node:
+            return True
+    return False
+
+
 def is_backward(facts: FileFacts, site: CallSite) -> bool:
     """``loss.backward()``, ``scaler.scale(loss).backward()``, ``accelerator.backward(loss)``, ``torch.autograd.backward``."""
     if site.qualname == "torch.autograd.backward":

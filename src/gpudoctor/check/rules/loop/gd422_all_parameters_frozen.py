@@ -7,20 +7,29 @@ import libcst as cst
 from gpudoctor.check import apis
 from gpudoctor.check.facts import FileFacts, IfFrame, LoopFrame, call_arg, name_key
 from gpudoctor.check.facts.nodes import walk
-from gpudoctor.check.queries import parameters_owner, snippet
+from gpudoctor.check.queries import parameters_owner, snippet, trained_models
 from gpudoctor.check.rule import Rule
-from gpudoctor.check.rules.loop._common import is_backward, parameters_held_by
+from gpudoctor.check.rules.loop._common import is_backward, parameters_held_by, trainer_trained
 
 # Calls that take the model without adding or unfreezing parameters: an optimizer reads them, a wrapper scatters
 # them, ``print``/``len`` look at them.
 _INERT_TAKERS = {"print", "len", "str", "repr", "id", "type", "isinstance", "summary"}
 _WRAPPERS = {"torch.nn.DataParallel", "torch.nn.parallel.DistributedDataParallel", "torch.compile"}
+# Calls that only freeze: loralib's helper sets requires_grad=False on the non-LoRA weights and never sets True
+# (microsoft/LoRA loralib/utils.py), so LoRA weights frozen before it stay frozen.
+_FREEZE_ONLY = {"loralib.mark_only_lora_as_trainable", "loralib.utils.mark_only_lora_as_trainable"}
+# Calls that only read the model's weights (the adapter state dict to save).
+_READ_ONLY = {
+    "loralib.lora_state_dict", "loralib.utils.lora_state_dict", "peft.get_peft_model_state_dict",
+    "peft.utils.get_peft_model_state_dict",
+}
 # Methods of the model that return the model itself (or nothing) without new parameters.
 _SAME_MODEL_METHODS = {"to", "cuda", "cpu", "train", "eval", "float", "half", "double", "bfloat16", "type"}
 # Methods that only read the model (or run it) and add no parameter.
 _READING_METHODS = _SAME_MODEL_METHODS | {
     "parameters", "named_parameters", "modules", "named_modules", "children", "named_children", "buffers",
     "state_dict", "zero_grad", "forward", "generate", "save_pretrained", "print_trainable_parameters",
+    "gradient_checkpointing_enable", "gradient_checkpointing_disable", "enable_input_require_grads",
 }
 
 
@@ -33,12 +42,16 @@ class AllParametersFrozen(Rule):
     code = "GD422"
     name = "all-parameters-frozen"
     summary = "An optimizer trains a model whose parameters were all frozen (requires_grad=False) just before"
-    triggers = ("requires_grad",)
+    triggers = ("requires_grad", "Peft", "prepare_model_for_kbit_training")
 
     def check(self, facts: FileFacts):
-        if self._unfreezes_anything(facts) or not any(is_backward(facts, c) for c in facts.calls):
+        if self._unfreezes_anything(facts):
             return
-        for freeze_node, model, order, scope in self._freezes(facts):
+        yield from self._frozen_models_trained(facts)
+        if not any(is_backward(facts, c) for c in facts.calls):
+            return
+        for freeze_node, model, order, scope, assignment in self._freezes(facts):
+            freeze_related = ((assignment, "every parameter is frozen here"),) if assignment is not None else ()
             key = name_key(model)
             if key is None:
                 continue
@@ -62,7 +75,55 @@ class AllParametersFrozen(Rule):
                 "(`model.fc = nn.Linear(...)`) is frozen too.",
                 fix_hint=f"Freeze first, then attach the new layers (`{key}.fc = nn.Linear(...)` after the loop), or "
                 "set `requires_grad = True` on the layers to train.",
-                related=((optimizer.node, "the optimizer is built over the frozen parameters here"),),
+                related=((optimizer.node, "the optimizer is built over the frozen parameters here"), *freeze_related),
+            )
+
+    def _frozen_models_trained(self, facts: FileFacts):
+        """A model whose value says every parameter is frozen (``PeftModel.from_pretrained`` without
+        ``is_trainable=True``; ``prepare_model_for_kbit_training`` given the model with its adapters) handed to a
+        Trainer that trains it, or to an optimizer in a file that calls ``backward()``."""
+        backward = any(is_backward(facts, c) for c in facts.calls)
+        reported: set[int] = set()
+        for node, site, how in trained_models(facts):
+            if site.qualname in apis.GET_PEFT_MODEL:
+                continue  # adds trainable adapters
+            is_trainer = site in facts.trainer_calls()
+            if not (trainer_trained(facts, site) if is_trainer else backward):
+                continue
+            if is_trainer and call_arg(site.node, keyword="peft_config") is not None:
+                continue  # the trainer adds its own adapters
+            frozen = facts.value(node, site.order, site.scope).frozen_by()
+            if frozen is None or id(frozen) in reported:
+                continue
+            key = name_key(node)
+            if key is not None:  # a name: not changed between its binding and the training (a call: trained as made)
+                binding = facts.binding_at(key, site.order, site.scope)
+                if binding is None or self._model_changed(facts, key, binding.order, site.order, site.scope):
+                    continue
+            reported.add(id(frozen))
+            frozen_site = facts.call_site(frozen)
+            if frozen_site is not None and frozen_site.qualname in apis.PEFT_LOADERS:
+                what = (
+                    f"`{snippet(facts, frozen, 50)}` loads the adapter for inference: without `is_trainable=True` peft "
+                    "0.21 freezes every adapter weight (\"trainable params: 0\")"
+                )
+                fix = "Pass `is_trainable=True` to `PeftModel.from_pretrained(...)` to keep training the adapter."
+            else:
+                what = (
+                    f"`{snippet(facts, frozen, 50)}` sets requires_grad=False on every parameter of the model it is "
+                    "given, and here that model already holds its adapters, so the adapter weights are frozen too"
+                )
+                fix = (
+                    "Call `prepare_model_for_kbit_training` on the base model, before `get_peft_model` / "
+                    "`PeftModel.from_pretrained(..., is_trainable=True)`."
+                )
+            yield self.report(
+                frozen,
+                f"{what}, yet {how} trains `{snippet(facts, node, 30)}`: the first `backward()` raises "
+                "\"RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn\" (with the "
+                "input embeddings hooked to require grad it runs and updates nothing).",
+                fix_hint=fix,
+                related=((site.node, "the frozen model is trained here"),),
             )
 
     @staticmethod
@@ -78,8 +139,9 @@ class AllParametersFrozen(Rule):
         return False
 
     @staticmethod
-    def _freezes(facts: FileFacts) -> Iterator[tuple[cst.CSTNode, cst.BaseExpression, int, object]]:
-        """(node to report, the model, order, scope) for an unconditional freeze of all of a model's parameters."""
+    def _freezes(facts: FileFacts) -> Iterator[tuple[cst.CSTNode, cst.BaseExpression, int, object, Optional[cst.CSTNode]]]:
+        """(node to report, the model, order, scope, the ``requires_grad = False`` store of a loop) for an
+        unconditional freeze of all of a model's parameters."""
         for site in facts.attribute_assigns:
             if site.target.attr.value != "requires_grad" or not _is_false(site.value):
                 continue
@@ -91,11 +153,11 @@ class AllParametersFrozen(Rule):
                 continue
             if len([s for s in loop.node.body.body if not _pulls_next(s)]) != 1:
                 continue  # other statements in the loop body may skip or unfreeze some parameters
-            yield loop.node, model, loop.order, site.scope
+            yield loop.node, model, loop.order, site.scope, site.node
         for site in facts.method_calls("requires_grad_"):
             if _is_false(call_arg(site.node, 0, "requires_grad")) and site.receiver is not None \
                     and not any(isinstance(f, (IfFrame, LoopFrame)) for f in site.context):
-                yield site.node, site.receiver, site.order, site.scope
+                yield site.node, site.receiver, site.order, site.scope, None
 
     @staticmethod
     def _optimizer_over(facts: FileFacts, key: str, order: int, scope):
@@ -118,7 +180,7 @@ class AllParametersFrozen(Rule):
             return isinstance(node, cst.Name) and node.value == key
 
         for site in facts.attribute_assigns:
-            if start < site.order < end and rooted(site.target.value):
+            if start < site.order < end and rooted(site.target.value) and not _config_store(site.target):
                 return True
         for site in facts.subscript_assigns:
             if start < site.order < end and rooted(site.target.value):
@@ -136,10 +198,20 @@ class AllParametersFrozen(Rule):
                 func = site.node.func
                 if isinstance(func, cst.Name) and func.value in _INERT_TAKERS:
                     continue
-                if site.qualname in _WRAPPERS:
+                if site.qualname in _WRAPPERS or site.qualname in _FREEZE_ONLY or site.qualname in _READ_ONLY:
                     continue
                 return True
         return False
+
+
+def _config_store(target: cst.Attribute) -> bool:
+    """``model.config.use_cache = False``: a setting, not a parameter."""
+    node: cst.BaseExpression = target
+    while isinstance(node, (cst.Attribute, cst.Subscript)):
+        if isinstance(node, cst.Attribute) and node.attr.value in ("config", "generation_config"):
+            return True
+        node = node.value
+    return False
 
 
 def _same_model(value: Optional[cst.BaseExpression], key: str, facts: FileFacts) -> bool:

@@ -526,6 +526,12 @@ def placement(facts: FileFacts, node: Optional[cst.CSTNode], order: int, scope: 
             site = facts.call_site(node)
             at = (site.order, site.scope) if site is not None else (order, scope)
             return placement(facts, node.args[0].value, *at, depth + 1, expect_module)
+        if q in apis.GET_PEFT_MODEL or q in apis.PEFT_LOADERS or q in apis.PASSTHROUGH:
+            # ``PeftModel.from_pretrained(base, path)``, ``get_peft_model(base, cfg)``, ``prepare_model_for_kbit_training(base)``:
+            # the adapters are put where the wrapped model is, so the result is where ``base`` is
+            site = facts.call_site(node)
+            at = (site.order, site.scope) if site is not None else (order, scope)
+            return placement(facts, call_arg(node, 0, "model"), *at, depth + 1, expect_module)
         owner_method = apis.hf_class_method(q) if q else None
         if owner_method and owner_method[1] in ("from_pretrained", "from_config") and apis.is_model_class(owner_method[0]):
             device_map = facts.device_map(call_arg(node, keyword="device_map"), order, scope)
