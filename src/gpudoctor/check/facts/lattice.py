@@ -728,21 +728,26 @@ class ExpressionValues:
         params = [*function.node.params.posonly_params, *function.node.params.params]
         return function.class_name if params and params[0] is param else None
 
+    def _trainer_hook_params(self, function: "Scope", hooks) -> Optional[list]:
+        """The positional parameters of ``function`` when it is a method named in ``hooks`` of the file's subclass of
+        a transformers/trl trainer (a method the trainer itself calls), else None."""
+        if function.name not in hooks or not isinstance(function.node, cst.FunctionDef):
+            return None
+        if function.parent is None or function.parent.kind != "class" or self.trainer_base(function.parent.name) is None:
+            return None
+        return [*function.node.params.posonly_params, *function.node.params.params]
+
     def trainer_prepared_batch(self, binding: "Binding") -> bool:
         """``binding`` is the batch parameter of ``compute_loss(self, model, inputs, ...)`` in the file's subclass
         of a transformers/trl trainer: the trainer calls it with the batch its ``_prepare_inputs`` already moved to
         the training device (``training_step`` and ``prediction_step`` receive the batch before that move)."""
         function, param = binding.scope, binding.target
-        if binding.kind != "param" or not isinstance(function.node, cst.FunctionDef) or not isinstance(param, cst.Param):
-            return False
-        if function.node.name.value != "compute_loss" or function.parent is None or function.parent.kind != "class":
+        if binding.kind != "param" or not isinstance(param, cst.Param):
             return False
         if any(d.split(".")[-1] in ("staticmethod", "classmethod") for d in function.decorators):
             return False
-        if self.trainer_base(function.parent.name) is None:
-            return False
-        params = [*function.node.params.posonly_params, *function.node.params.params]
-        return len(params) > 2 and params[2] is param  # (self, model, inputs, ...)
+        params = self._trainer_hook_params(function, ("compute_loss",))
+        return params is not None and len(params) > 2 and params[2] is param  # (self, model, inputs, ...)
 
     def param_arguments(self, binding: "Binding"):
         """(argument, order, scope) for each call of the file that passes parameter ``binding``; for the ``model``
@@ -761,16 +766,13 @@ class ExpressionValues:
         """``binding`` is the ``model`` parameter of a Trainer hook the file overrides (``compute_loss(self, model,
         inputs)``): the model the Trainer was built with, which the Trainer placed on its device."""
         function, param = binding.scope, binding.target
-        if binding.kind != "param" or not isinstance(function.node, cst.FunctionDef) or not isinstance(param, cst.Param):
+        if binding.kind != "param" or not isinstance(param, cst.Param):
             return False
         return self._hook_model_param(function, param)
 
     def _hook_model_param(self, function: "Scope", param: cst.Param) -> bool:
-        owner = function.class_name
-        if function.name not in apis.TRAINER_MODEL_HOOKS or not owner or function.parent is None or function.parent.kind != "class":
-            return False
-        params = [*function.node.params.posonly_params, *function.node.params.params]
-        return len(params) >= 2 and params[1] is param and self._trainer_subclass(owner)
+        params = self._trainer_hook_params(function, apis.TRAINER_MODEL_HOOKS)
+        return params is not None and len(params) >= 2 and params[1] is param
 
     def _trainer_hook_model(self, function: "Scope", param: cst.Param):
         """``model`` of ``compute_loss``/``training_step``/``prediction_step`` (the first parameter after ``self``)
@@ -780,22 +782,12 @@ class ExpressionValues:
         if not self._hook_model_param(function, param):
             return
         classes = {owner, *(c for c in self.classes if owner in self._local_ancestors(c))}
-        for site in self.calls:
+        for site in self.trainer_calls():
             func = site.node.func
             if site.qualname is None and isinstance(func, cst.Name) and func.value in classes:
                 arg = call_arg(site.node, 0, "model")
                 if arg is not None:
                     yield arg, site.order, site.scope
-
-    def _trainer_subclass(self, class_name: str) -> bool:
-        """The file's class derives (directly or through its own classes) from a transformers/trl Trainer."""
-        for name in (class_name, *self._local_ancestors(class_name)):
-            scope = self.classes.get(name)
-            if scope is None or not isinstance(scope.node, cst.ClassDef):
-                continue
-            if any(apis.canonical(self.qualname(base.value) or "") in apis.TRAINERS for base in scope.node.bases):
-                return True
-        return False
 
     def argument_for(self, site: "CallSite", function: "Scope", param: cst.Param) -> Optional[cst.BaseExpression]:
         """The argument the call ``site`` of the file's function ``function`` passes for its parameter ``param``:

@@ -47,8 +47,9 @@ class AllParametersFrozen(Rule):
     def check(self, facts: FileFacts):
         if self._unfreezes_anything(facts):
             return
-        yield from self._frozen_models_trained(facts)
-        if not any(is_backward(facts, c) for c in facts.calls):
+        backward = any(is_backward(facts, c) for c in facts.calls)
+        yield from self._frozen_models_trained(facts, backward)
+        if not backward:
             return
         for freeze_node, model, order, scope, assignment in self._freezes(facts):
             freeze_related = ((assignment, "every parameter is frozen here"),) if assignment is not None else ()
@@ -78,11 +79,10 @@ class AllParametersFrozen(Rule):
                 related=((optimizer.node, "the optimizer is built over the frozen parameters here"), *freeze_related),
             )
 
-    def _frozen_models_trained(self, facts: FileFacts):
+    def _frozen_models_trained(self, facts: FileFacts, backward: bool):
         """A model whose value says every parameter is frozen (``PeftModel.from_pretrained`` without
         ``is_trainable=True``; ``prepare_model_for_kbit_training`` given the model with its adapters) handed to a
-        Trainer that trains it, or to an optimizer in a file that calls ``backward()``."""
-        backward = any(is_backward(facts, c) for c in facts.calls)
+        Trainer that trains it, or to an optimizer in a file that calls ``backward()`` (``backward``)."""
         reported: set[int] = set()
         for node, site, how in trained_models(facts):
             if site.qualname in apis.GET_PEFT_MODEL:
